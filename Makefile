@@ -1,0 +1,46 @@
+# fasttrain — `make help` lists the targets. `make train` / `make test` create .venv on first use.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Re-install only when the project's dependencies change.
+STAMP := $(VENV)/.installed
+EXTRAS ?= dev
+ARGS ?=
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+.PHONY: help install train test test-fast lint format clean
+
+help: ## show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv and install the project (editable) with dev tools
+
+train: $(STAMP) ## train the default experiment (CNN on digits); pass overrides as ARGS="k=v ..."
+	$(BIN)/python train.py $(ARGS)
+
+test: $(STAMP) ## run the test suite (offline, CPU; slow tests included)
+	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: $(STAMP) ## run the test suite without the slow tests
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
+lint: $(STAMP) ## ruff lint + format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP) ## ruff fix + format
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean: ## remove run outputs and caches (keeps .venv)
+	rm -rf logs outputs multirun lightning_logs .pytest_cache .ruff_cache .mypy_cache

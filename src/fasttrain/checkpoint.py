@@ -1,0 +1,91 @@
+"""Checkpoints that load with `weights_only=True`: hyperparameters are plain containers.
+
+A net, optimizer or scheduler is saved as its Hydra spec (`{"_target_": "pkg.Class", **args}`),
+which names code instead of pickling it, so loading never executes anything from the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fasttrain.errors import UserError
+
+
+def plain(value: Any) -> Any:
+    """OmegaConf containers, tuples and the like -> dicts, lists and scalars."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [plain(v) for v in value]
+    return value
+
+
+def qualname(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def spec_of(obj: Any) -> dict[str, Any] | None:
+    """The Hydra spec that rebuilds `obj`: a partial (optimizer/scheduler factory), or a net that
+    recorded its constructor arguments in `.hparams` (fasttrain's nets do). None otherwise."""
+    if obj is None:
+        return None
+    if isinstance(obj, functools.partial):
+        return {"_target_": qualname(obj.func), "_partial_": True, **plain(obj.keywords)}
+    hparams = getattr(obj, "hparams", None)
+    if isinstance(obj, nn.Module) and hparams is not None:
+        return {"_target_": qualname(type(obj)), **plain(hparams)}
+    return None
+
+
+def read_checkpoint(path: str | Path, expect: str = "ckpt_path") -> dict[str, Any]:
+    """torch.load with weights_only=True, turning every way it can fail into one UserError."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"{expect}={path}: no such file")
+    try:
+        ckpt = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        # weights_only refuses pickled code (a callable, a class); say so instead of the raw trace.
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "unpickling refused"
+        raise UserError(
+            f"{expect}={path}: refused, the file holds pickled objects that weights_only loading "
+            f"does not execute ({first[:160]})"
+        ) from None
+    except Exception as err:
+        raise UserError(
+            f"{expect}={path}: not a readable checkpoint ({type(err).__name__})"
+        ) from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise UserError(f"{expect}={path}: not a Lightning checkpoint (no state_dict)")
+    return ckpt
+
+
+def load_classifier(path: str | Path) -> tuple[Any, dict[str, Any]]:
+    """Rebuild a Classifier from a checkpoint: (model in eval mode, datamodule hyperparameters)."""
+    from hydra.utils import instantiate
+
+    from fasttrain.models import Classifier
+
+    ckpt = read_checkpoint(path)
+    hparams = ckpt.get("hyper_parameters") or {}
+    if not isinstance(hparams.get("net"), dict) or "_target_" not in hparams["net"]:
+        raise UserError(f"ckpt_path={path}: not a fasttrain Classifier checkpoint (no net spec)")
+    net = instantiate(hparams["net"])
+    optimizer = instantiate(hparams["optimizer"]) if hparams.get("optimizer") else None
+    scheduler = instantiate(hparams["scheduler"]) if hparams.get("scheduler") else None
+    model = Classifier(
+        net=net, optimizer=optimizer, scheduler=scheduler,
+        num_classes=hparams["num_classes"],
+        scheduler_interval=hparams.get("scheduler_interval", "epoch"),
+    )  # fmt: skip
+    try:
+        model.load_state_dict(ckpt["state_dict"])
+    except RuntimeError as err:
+        raise UserError(f"ckpt_path={path}: weights do not fit the net it names ({err})") from None
+    return model.eval(), dict(ckpt.get("datamodule_hyper_parameters") or {})

@@ -1,0 +1,126 @@
+"""Shared loader logic: in-memory (x, y) splits served by DataLoaders tuned to the machine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fasttrain.errors import ConfigError
+
+Auto = Literal["auto"]
+# Knobs that tune loading speed on this machine but never change which samples a split holds.
+LOADER_ARGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # respects taskset/cgroup limits, unlike cpu_count()
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(num_workers: int | Auto) -> int:
+    """Under "auto": one worker per CPU, leaving one for the training process, at most 8.
+
+    Beyond ~8 workers, per-batch IPC dominates for small samples; keep the main process free
+    because it runs the optimizer step and (on GPU) launches kernels.
+    """
+    if num_workers == "auto":
+        return max(0, min(8, _cpu_count() - 1))
+    return num_workers
+
+
+def resolve_pin_memory(pin_memory: bool | Auto) -> bool:
+    """Pin host memory under "auto" when a CUDA device will receive the batches (async copies)."""
+    if pin_memory == "auto":
+        return torch.cuda.is_available()
+    return pin_memory
+
+
+def check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(input_shape)
+    if not shape or any(not isinstance(d, int) or d < 1 for d in shape):
+        raise ConfigError("input_shape", list(shape), "expected a non-empty list of ints >= 1")
+    return shape
+
+
+class TensorDataModule(L.LightningDataModule):
+    """Base for data sets that fit in memory: subclasses build the three splits, this serves them.
+
+    Args:
+        batch_size: samples per step on each device.
+        num_workers: loader worker processes, or "auto" (see `resolve_num_workers`).
+        pin_memory: page-locked host batches for async host-to-GPU copies, or "auto" (on CUDA).
+        persistent_workers: keep workers alive between epochs (saves their start-up each epoch).
+        prefetch_factor: batches each worker prepares ahead; ignored without workers.
+        val_fraction, test_fraction: shares of the data held out, each in (0, 1).
+        seed: fixes the split (and the synthetic data) independently of the global seed.
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        num_workers: int | Auto = "auto",
+        pin_memory: bool | Auto = "auto",
+        persistent_workers: bool = True,
+        prefetch_factor: int | None = 2,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.2,
+        seed: int = 42,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ConfigError("batch_size", batch_size, "expected an int >= 1")
+        if num_workers != "auto" and num_workers < 0:
+            raise ConfigError("num_workers", num_workers, "expected an int >= 0 or 'auto'")
+        if prefetch_factor is not None and prefetch_factor < 1:
+            raise ConfigError("prefetch_factor", prefetch_factor, "expected an int >= 1 or null")
+        for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not 0.0 < frac < 1.0:
+                raise ConfigError(name, frac, "expected a fraction strictly between 0 and 1")
+        if val_fraction + test_fraction >= 1.0:
+            raise ConfigError(
+                "val_fraction", val_fraction, "val_fraction + test_fraction must be < 1"
+            )
+        self.batch_size = batch_size
+        self.num_workers = resolve_num_workers(num_workers)
+        self.pin_memory = resolve_pin_memory(pin_memory)
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.val_fraction, self.test_fraction, self.seed = val_fraction, test_fraction, seed
+        self.splits: dict[str, TensorDataset] = {}
+
+    def make_splits(self) -> dict[str, TensorDataset]:
+        """{"train", "val", "test"} -> (x: float32 [N, *input_shape], y: int64 [N]) datasets."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self.splits:  # every stage shares one split; build it once per process
+            self.splits = self.make_splits()
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        workers = self.num_workers
+        return DataLoader(
+            self.splits[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            # Both only exist with worker processes; DataLoader rejects them otherwise.
+            persistent_workers=self.persistent_workers and workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)

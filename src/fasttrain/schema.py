@@ -1,0 +1,185 @@
+"""Check a composed config against the signatures of the classes it names.
+
+Constructor signatures are the schema (shared/DESIGN.md, principle 4): every node with a
+`_target_` is checked before anything is built — unknown keys (with a "did you mean"), missing
+required arguments, and values whose type does not fit the annotation, e.g.
+`trainer.precision=17: expected one of 64, 32, 16, '16-mixed', ...`. Value ranges are the
+constructors' own business (they raise ConfigError); this module only needs the annotations.
+"""
+
+from __future__ import annotations
+
+import collections.abc as abc
+import difflib
+import inspect
+import types
+import typing
+from typing import Any, Literal, Union
+
+from hydra.utils import get_object
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from fasttrain.errors import UserError
+
+_SPECIAL_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+_SEQUENCES = {list, tuple, set, frozenset, abc.Sequence, abc.MutableSequence, abc.Collection}
+_MAPPINGS = {dict, abc.Mapping, abc.MutableMapping}
+
+
+def validate(node: Any, path: str = "") -> None:
+    """Walk `node`; check every `_target_` node it holds. Raises UserError on the first problem."""
+    if isinstance(node, DictConfig):
+        if "_target_" in node:
+            _check_call(node, path)
+        for key in node:
+            if OmegaConf.is_missing(node, key):
+                raise UserError(
+                    f"{_join(path, key)} is required (it has no value; set it as an override)"
+                )
+            validate(
+                node._get_node(key) if isinstance(node[key], (DictConfig, ListConfig)) else None,
+                _join(path, key),
+            )
+    elif isinstance(node, ListConfig):
+        for i, item in enumerate(node):
+            validate(item, f"{path}[{i}]")
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _signature(target: str, path: str) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
+    """Parameters and resolved annotations of `target`.
+
+    fasttrain's own classes pass `**kwargs` on to their base class, so for them the MRO is
+    followed and subclasses need not repeat the base arguments. Elsewhere `**kwargs` may go
+    anywhere (TensorBoardLogger hands them to SummaryWriter), so it accepts any extra key.
+    """
+    try:
+        obj = get_object(target)
+    except Exception as err:
+        raise UserError(f"{_join(path, '_target_')}={target}: cannot be imported ({err})") from None
+    if inspect.isclass(obj) and obj.__module__.startswith("fasttrain."):
+        funcs = [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)]
+    else:
+        funcs = [obj]
+    params: dict[str, inspect.Parameter] = {}
+    hints: dict[str, Any] = {}
+    for func in funcs:
+        try:
+            sig = inspect.signature(func)
+        except (TypeError, ValueError):  # builtins without a signature: nothing to check against
+            break
+        try:
+            func_hints = typing.get_type_hints(func)
+        except Exception:  # names only imported under TYPE_CHECKING: check what resolves
+            func_hints = {}
+        for name, param in sig.parameters.items():
+            if name != "self" and name not in params:
+                params[name], hints[name] = param, func_hints.get(name, param.annotation)
+        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            params = {n: p for n, p in params.items() if p.kind is not p.VAR_KEYWORD}
+            return params, hints
+    return params, hints
+
+
+def _check_call(node: DictConfig, path: str) -> None:
+    target = node._target_
+    params, hints = _signature(target, path)
+    if not params:
+        return
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    for key in node:
+        if key in _SPECIAL_KEYS:
+            continue
+        if key not in params:
+            if takes_kwargs:
+                continue
+            close = difflib.get_close_matches(str(key), named, n=1)
+            hint = f"; did you mean {close[0]}?" if close else f"; valid: {', '.join(named)}"
+            raise UserError(f"{_join(path, key)}: {target} has no argument '{key}'{hint}")
+        if OmegaConf.is_missing(node, key):
+            continue  # reported by validate() with the path
+        child = node[key]
+        if isinstance(child, DictConfig) and "_target_" in child:
+            continue  # built by Hydra and checked on its own
+        value = (
+            OmegaConf.to_container(child, resolve=True)
+            if isinstance(child, (DictConfig, ListConfig))
+            else child
+        )
+        param = params[key]
+        annotation = hints.get(key, param.annotation)
+        if value is None and param.default is None:
+            continue  # `x: int = None` is common shorthand for Optional
+        if not _matches(value, annotation):
+            raise UserError(f"{_join(path, key)}={value!r}: expected {_describe(annotation)}")
+    if not node.get("_partial_", False):
+        given = set(node.keys())
+        for name in named:
+            p = params[name]
+            if p.default is p.empty and name not in given and p.kind is not p.POSITIONAL_ONLY:
+                raise UserError(f"{_join(path, name)} is required by {target}")
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (Union, types.UnionType)
+
+
+def _matches(value: Any, ann: Any) -> bool:
+    if ann in (inspect.Parameter.empty, Any) or isinstance(ann, (str, typing.TypeVar)):
+        return True
+    origin = typing.get_origin(ann)
+    if _is_union(ann):
+        return any(_matches(value, a) for a in typing.get_args(ann))
+    if origin is Literal:
+        # `True == 1` in Python: compare types too, so precision=True is not precision=1.
+        return any(value == a and type(value) is type(a) for a in typing.get_args(ann))
+    if ann is type(None) or ann is None:
+        return value is None
+    if ann is bool:
+        return isinstance(value, bool)
+    if ann is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if ann is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ann is str:
+        return isinstance(value, str)
+    container = origin or ann
+    if container in _SEQUENCES:
+        if not isinstance(value, (list, tuple)):
+            return False
+        args = typing.get_args(ann)
+        if container is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(map(_matches, value, args))
+        return not args or all(_matches(v, args[0]) for v in value)
+    if container in _MAPPINGS:
+        return isinstance(value, dict)
+    if isinstance(container, type):
+        return isinstance(value, container)
+    return True  # Callable, Protocol, ...: not checkable from a plain value
+
+
+def _describe(ann: Any) -> str:
+    choices: list[str] = []
+    kinds: list[str] = []
+
+    def collect(a: Any) -> None:
+        if _is_union(a):
+            for arg in typing.get_args(a):
+                collect(arg)
+        elif typing.get_origin(a) is Literal:
+            choices.extend(repr(v) for v in typing.get_args(a))
+        elif a is type(None) or a is None:
+            kinds.append("null")
+        else:
+            name = getattr(a, "__name__", None) or str(a).replace("typing.", "")
+            if typing.get_origin(a) is not None:
+                name = str(a).replace("typing.", "").replace("collections.abc.", "")
+            kinds.append(name)
+
+    collect(ann)
+    parts = ([f"one of {', '.join(choices)}"] if choices else []) + kinds
+    return " or ".join(parts)

@@ -1,0 +1,42 @@
+"""Shared helpers: run the entry points as a user would (subprocess), offline and on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+
+def run_cli(
+    args: list[str], log_dir: Path, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess:
+    """`python <args> paths.log_dir=<log_dir>` from the repository root, no GPU, captured."""
+    full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(
+        [sys.executable, *args, f"paths.log_dir={log_dir}"],
+        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def run_dirs(log_dir: Path, task: str = "train") -> list[Path]:
+    """Run folders (those Hydra wrote a config into) under log_dir/<task>/."""
+    return sorted(p.parent.parent for p in (log_dir / task).glob("*/.hydra/config.yaml"))
+
+
+def final_metrics(run_dir: Path) -> dict[str, float]:
+    return json.loads((run_dir / "metrics.json").read_text())["metrics"]
+
+
+def scalars(run_dir: Path) -> dict[str, list[float]]:
+    """Every scalar tag in the run's TensorBoard events -> its values in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

@@ -5,12 +5,15 @@ python -m fasttrain.evaluate ckpt_path=logs/train/<run>/checkpoints/last.ckpt
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from fasttrain import CONFIG_DIR
 from fasttrain.errors import UserError, run_task
+from fasttrain.help import print_app_help, wants_app_help
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -40,8 +43,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     run_task(evaluate, cfg, run_dirs=(HydraConfig.get().runtime.output_dir, cfg.paths.log_dir))
+
+
+def main() -> None:
+    if wants_app_help(sys.argv[1:]):
+        print_app_help("eval", sys.argv[1:])
+    else:
+        _hydra_main()
 
 
 if __name__ == "__main__":

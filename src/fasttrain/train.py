@@ -5,12 +5,15 @@ python train.py trainer.precision=16-mixed data.batch_size=128
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from fasttrain import CONFIG_DIR
 from fasttrain.errors import run_task
+from fasttrain.help import print_app_help, wants_app_help
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -44,8 +47,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     run_task(train, cfg, run_dirs=(HydraConfig.get().runtime.output_dir, cfg.paths.log_dir))
+
+
+def main() -> None:
+    if wants_app_help(sys.argv[1:]):
+        print_app_help("train", sys.argv[1:])
+    else:
+        _hydra_main()
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ CONF = REPO / "conf"
 
 
 def run_cli(
-    args: list[str], log_dir: Path, timeout: float = 300, **env: str
+    args: list[str], log_dir: Path, timeout: float = 300, cwd: Path = REPO, **env: str
 ) -> subprocess.CompletedProcess:
-    """`python <args> paths.log_dir=<log_dir>` from the repository root, no GPU, captured."""
+    """`python <args> paths.log_dir=<log_dir>` (from the repository root by default), no GPU."""
     full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}
     full_env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, *args, f"paths.log_dir={log_dir}"],
-        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 

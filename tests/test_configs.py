@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from conftest import CONF
 from fasttrain.build import build, build_all, validate
 from fasttrain.errors import UserError
 

@@ -1,0 +1,126 @@
+"""The entry points as a user runs them: `python train.py`, `python -m fasttrain.evaluate`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, final_metrics, run_cli, run_dirs, scalars
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`python train.py` with the shipped defaults (CNN on digits), from an empty folder."""
+    launch = tmp_path_factory.mktemp("launch")
+    log_dir = launch / "logs"
+    proc = run_cli([str(REPO / "train.py")], log_dir, timeout=900, cwd=launch)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = run_dirs(log_dir)
+    return run
+
+
+def test_default_run_reaches_accuracy_bar(default_run: Path) -> None:
+    assert final_metrics(default_run)["test/acc"] >= 0.97
+
+
+def test_default_run_writes_only_its_run_dir(default_run: Path) -> None:
+    launch = default_run.parents[2]
+    assert sorted(p.name for p in launch.iterdir()) == ["logs"]  # no outputs/, lightning_logs/
+    assert (default_run / ".hydra" / "config.yaml").is_file()
+    assert (default_run / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_tensorboard_events_hold_val_and_test_accuracy(default_run: Path) -> None:
+    tags = scalars(default_run)
+    assert {"train/loss_step", "val/loss", "val/acc", "test/acc"} <= set(tags)
+    assert len(tags["val/acc"]) == 15  # one per epoch (trainer.max_epochs)
+    assert tags["test/acc"][-1] == pytest.approx(final_metrics(default_run)["test/acc"])
+
+
+def test_checkpoint_loads_with_weights_only(default_run: Path) -> None:
+    ckpt = torch.load(default_run / "checkpoints" / "last.ckpt", weights_only=True)
+    net = ckpt["hyper_parameters"]["net"]
+    assert net["_target_"] == "fasttrain.models.nets.cnn.SmallCNN"
+    assert net["input_shape"] == [1, 8, 8] and net["num_classes"] == 10
+
+
+def test_evaluate_reproduces_test_metrics(default_run: Path, tmp_path: Path) -> None:
+    best = final_metrics_checkpoint(default_run)
+    proc = run_cli(["-m", "fasttrain.evaluate", f"ckpt_path={best}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (eval_run,) = run_dirs(tmp_path, "eval")
+    trained, evaluated = final_metrics(default_run), final_metrics(eval_run)
+    assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
+    assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-5)
+
+
+def final_metrics_checkpoint(run: Path) -> str:
+    import json
+
+    ckpt = json.loads((run / "metrics.json").read_text())["checkpoint"]
+    assert ckpt and Path(ckpt).is_file() and Path(ckpt).name != "last.ckpt"
+    return ckpt
+
+
+def test_fast_dev_run_and_overrides(tmp_path: Path) -> None:
+    proc = run_cli(
+        ["train.py", "debug=fast_dev_run", "model=mlp", "data.batch_size=32", "run_name=fdr"],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "train" / "fdr"
+    assert final_metrics(run)["test/acc"] >= 0.0
+    # The overrides reached the objects: the recorded config is what was asked for.
+    cfg = (run / ".hydra" / "config.yaml").read_text()
+    assert "batch_size: 32" in cfg and "fasttrain.models.nets.MLP" in cfg
+
+
+def test_precision_override_works_on_cpu(tmp_path: Path) -> None:
+    proc = run_cli(["train.py", "debug=fast_dev_run", "trainer.precision=16-mixed"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "bf16-mixed" in proc.stdout + proc.stderr  # Lightning says it fell back from fp16
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["train.py", "trainer.max_epoch=3"], "max_epoch"),
+        (["train.py", "trainer.max_epochs=ten"], "trainer.max_epochs='ten': expected int"),
+        (["train.py", "data.batch_size=0"], "data.batch_size=0: expected an int >= 1"),
+        (["train.py", "trainer.precision=17"], "trainer.precision=17: expected one of"),
+        (["train.py", "+trainer.max_epoch=3"], "did you mean max_epochs"),
+        (["-m", "fasttrain.evaluate"], "ckpt_path is required"),
+        (
+            ["-m", "fasttrain.evaluate", "ckpt_path=missing.ckpt"],
+            "ckpt_path=missing.ckpt: no such file",
+        ),
+    ],
+)
+def test_bad_input_fails_clearly_and_writes_nothing(
+    args: list[str], expected: str, tmp_path: Path
+) -> None:
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode != 0
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not tmp_path.exists() or not any(tmp_path.rglob("*")), (
+        "a run that never started left files"
+    )
+
+
+def test_help_is_fast_because_torch_is_not_imported() -> None:
+    code = (
+        "import sys; sys.argv = ['train.py', '--help']\n"
+        "from fasttrain.train import main; main()\n"
+        "assert 'torch' not in sys.modules and 'lightning' not in sys.modules, 'heavy import'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "data: digits, synthetic" in proc.stdout
+        and "_target_: fasttrain.models.Classifier" in proc.stdout
+    )

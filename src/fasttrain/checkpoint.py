@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +52,15 @@ def read_checkpoint(path: str | Path, expect: str = "ckpt_path") -> dict[str, An
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        # weights_only refuses pickled code (a callable, a class); say so instead of the raw trace.
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "unpickling refused"
+        # weights_only refuses any pickled global (a callable, a class): name it, never run it.
+        blocked = re.search(r"GLOBAL (\S+)", str(err))
+        if blocked is None:
+            raise UserError(
+                f"{expect}={path}: not a readable checkpoint (corrupt or not torch)"
+            ) from None
         raise UserError(
-            f"{expect}={path}: refused, the file holds pickled objects that weights_only loading "
-            f"does not execute ({first[:160]})"
+            f"{expect}={path}: refused, it holds a pickled object ({blocked.group(1)}) and "
+            "checkpoints are loaded with weights_only=True, which never executes code"
         ) from None
     except Exception as err:
         raise UserError(

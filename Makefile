@@ -7,7 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Re-install only when the project's dependencies change.
 STAMP := $(VENV)/.installed
-EXTRAS ?= dev
+# dev tools, and the ONNX packages so that export's tests run rather than skip
+EXTRAS ?= dev,export
 ARGS ?=
 
 $(BIN)/python:
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-.PHONY: help install train test test-slow lint format clean
+.PHONY: help install train export test test-slow lint format bench clean
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,6 +28,10 @@ install: $(STAMP) ## create .venv and install the project (editable) with dev to
 
 train: $(STAMP) ## train the default experiment (CNN on digits); pass overrides as ARGS="k=v ..."
 	$(BIN)/python train.py $(ARGS)
+
+export: $(STAMP) ## export CKPT=x.ckpt to ONNX, TorchScript, int8, fp16 and check each
+	@test -n "$(CKPT)" || { echo "usage: make export CKPT=logs/train/<run>/checkpoints/last.ckpt [ARGS=format=onnx]" >&2; exit 2; }
+	$(BIN)/python -m fasttrain.export ckpt_path=$(CKPT) $(ARGS)
 
 test: $(STAMP) ## run the test suite (offline, CPU, minutes); slow tests: make test-slow
 	$(BIN)/python -m pytest -m "not slow" $(ARGS)
@@ -42,6 +47,9 @@ lint: $(STAMP) ## ruff lint + format check
 format: $(STAMP) ## ruff fix + format
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+bench: $(STAMP) ## CPU benchmark: template vs hand-written loop -> bench/results/cpu.json
+	$(BIN)/python bench/overhead.py
 
 clean: ## remove run outputs and caches (keeps .venv)
 	rm -rf logs outputs multirun lightning_logs .pytest_cache .ruff_cache .mypy_cache

@@ -12,3 +12,25 @@ from pathlib import Path
 # An absolute path: Hydra would read a relative one as a Python package when the entry
 # point is imported as a module (python -m fasttrain.evaluate).
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def _overrides_suffix() -> str:
+    """`${overrides_suffix:}` in conf/: "_" + the job's overrides as one folder name, e.g.
+    "_data.batch_size=128,seed=1"; "" without overrides, or outside a Hydra app (compose API).
+    A group selection like model/net=mlp keeps no "/", so it stays one folder."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return ""
+    overrides = HydraConfig.get().job.override_dirname
+    return f"_{overrides.replace('/', '.')}"[:150] if overrides else ""
+
+
+def _register_resolvers() -> None:
+    # Registered on import, so every entry point and every test that composes conf/ has it.
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("overrides_suffix", _overrides_suffix, replace=True)
+
+
+_register_resolvers()

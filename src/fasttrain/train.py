@@ -9,30 +9,38 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from fasttrain import CONFIG_DIR
 from fasttrain.errors import run_task
 from fasttrain.help import print_app_help, wants_app_help
+from fasttrain.sweep import optimized_metric
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     # Deferred: torch and Lightning load only when a run starts, so `--help` stays fast.
     import lightning as L
 
+    from fasttrain import oom, resume, tuning
     from fasttrain.build import build, build_all, report, validate
+    from fasttrain.callbacks.hparams import log_hparams
 
     validate(cfg)
+    tuner = OmegaConf.to_container(cfg.get("tuner") or OmegaConf.create())
+    tuning.check_tuner(**tuner)
+    tuning.set_matmul_precision(cfg.get("matmul_precision"))
+    ckpt_path = resume.checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data, "data")
     model = build(cfg.model, "model")
-    callbacks = build_all(cfg.get("callbacks"), "callbacks")
+    callbacks = [*build_all(cfg.get("callbacks"), "callbacks"), resume.ResumeState(cfg.seed)]
     loggers = build_all(cfg.get("logger"), "logger")
-    trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+    trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False,
+                    plugins=[resume.AtomicCheckpointIO()])  # fmt: skip
 
     if cfg.get("train", True):
-        # weights_only: resuming never unpickles code from a checkpoint file.
-        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
+        tuning.tune(trainer, model, datamodule, **tuner)
+        oom.fit(trainer, model, datamodule, ckpt_path, cfg.get("oom_fallback", False), resume.fit)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
 
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
@@ -43,12 +51,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
         )
         metrics.update(results[0] if results else {})
     report(cfg.paths.output_dir, metrics, best or None)
+    log_hparams(loggers, OmegaConf.to_container(cfg, resolve=True), metrics)
     return metrics
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def _hydra_main(cfg: DictConfig) -> None:
-    run_task(train, cfg, run_dirs=(HydraConfig.get().runtime.output_dir, cfg.paths.log_dir))
+def _hydra_main(cfg: DictConfig) -> float | None:
+    metrics = run_task(
+        train, cfg, run_dirs=(HydraConfig.get().runtime.output_dir, cfg.paths.log_dir)
+    )
+    # What a sweeper (hparams_search=optuna) optimises; the finished run's files are kept.
+    return run_task(optimized_metric, metrics, cfg.get("optimized_metric"))
 
 
 def main() -> None:

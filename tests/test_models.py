@@ -11,10 +11,10 @@ import torch
 from fasttrain.checkpoint import load_classifier, spec_of
 from fasttrain.errors import ConfigError, UserError
 from fasttrain.models import Classifier
-from fasttrain.models.nets import MLP, SmallCNN
+from fasttrain.models.nets import MLP, ResNet, SmallCNN
 
 
-@pytest.mark.parametrize("net_cls", [MLP, SmallCNN])
+@pytest.mark.parametrize("net_cls", [MLP, SmallCNN, ResNet])
 @pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32), (3, 5, 9)])
 def test_nets_map_any_image_shape_to_logits(net_cls, shape) -> None:
     net = net_cls(input_shape=list(shape), num_classes=7)
@@ -106,3 +106,9 @@ def test_bad_checkpoints_are_refused_clearly(tmp_path, content, message) -> None
 def test_classifier_rejects_bad_values() -> None:
     with pytest.raises(ConfigError, match="num_classes"):
         Classifier(net=torch.nn.Linear(2, 1), optimizer=None, num_classes=1)
+
+
+def test_resnet18_has_the_standard_size() -> None:
+    net = ResNet([3, 32, 32], 10)  # defaults are ResNet-18: [2, 2, 2, 2] blocks, 64..512 wide
+    params = sum(p.numel() for p in net.parameters())
+    assert 11_100_000 < params < 11_250_000  # CIFAR ResNet-18 has ~11.17 M parameters

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from conftest import run_cli, run_dirs
 
 SHORT = ["trainer.max_epochs=2", "data.num_workers=0", "data.batch_size=256"]

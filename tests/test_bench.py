@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
@@ -25,3 +27,22 @@ def test_overhead_benchmark_smoke() -> None:
         assert r["ratio_C_over_A"]["median"] > 0
     assert out["process"]["help_wall_s"]["median"] > 0
     assert out["process"]["first_step_s"]["median"] > 0
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_smoke_on_cpu(tmp_path) -> None:
+    # The GPU benchmark's code paths at tiny sizes on CPU, so the script is known to run before
+    # a GPU machine is spent on it.
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_bench.py", "--smoke", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_results.json").read_text())
+    assert not results.get("errors")
+    assert results["conv"]["rows"][0]["images_per_s"] > 0
+    assert results["transformer"]["tokens_per_s"] > 0
+    assert len(results["data_wait"]["rows"]) == 4
+    assert all(0 <= r["data_wait_share"] <= 1 for r in results["data_wait"]["rows"])
+    assert "| variant | images/s |" in (tmp_path / "gpu_results.md").read_text()

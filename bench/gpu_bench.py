@@ -1,0 +1,430 @@
+"""GPU throughput, AMP speedup, transformer MFU and data-wait share, through the template's own
+override surface (composed from conf/, built by fasttrain.build), so the numbers are what a user
+of `python train.py ...` gets.
+
+    python bench/gpu_bench.py --out bench/results/gpu   # on a CUDA machine (bench/gpu_check.sh)
+    python bench/gpu_bench.py --out /tmp/x --smoke      # tiny sizes, on CPU: proves it runs
+
+Sections (each appended to gpu_results.json as it finishes, so a timeout keeps what was done):
+  conv         ResNet-18 on GPU-resident synthetic 3x32x32 batches: images/s for fp32, tf32,
+               16-mixed, bf16-mixed, each without/with channels_last, and compiled variants
+  transformer  a GPT-style decoder (GPT-2 small shape) in bf16-mixed + compile: tokens/s, MFU
+  data_wait    perf/data_wait_share of short `python train.py` runs on digits and synthetic
+               data with the default loader, pin_memory/device_prefetch off and on
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- shared: compose + build like the train entry, time a window of steps ----------------------
+def compose(overrides: list[str], out: Path):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from fasttrain import CONFIG_DIR
+
+    base = [f"paths.root_dir={out}", f"paths.output_dir={out}"]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return hydra_compose("train", overrides=base + overrides)
+
+
+class Resident:
+    """`steps` batches cycled from a few tensors already on the device: no loader in the way."""
+
+    def __init__(self, batches: list[tuple[Any, Any]], steps: int) -> None:
+        self.batches, self.steps = batches, steps
+
+    def __iter__(self):
+        return (self.batches[i % len(self.batches)] for i in range(self.steps))
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+def window_timer(warmup: int, measured: int, result: dict[str, float]):
+    """A callback timing steps [warmup, warmup + measured), synchronising only at the two ends."""
+    import lightning as L
+    import torch
+
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    class _Timer(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == warmup:
+                sync()
+                result["start"] = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == warmup + measured - 1:
+                sync()
+                result["seconds"] = time.perf_counter() - result["start"]
+
+    return _Timer()
+
+
+def fit_window(model, batches, warmup: int, measured: int, trainer_cfg, precision: str) -> float:
+    """Seconds for `measured` optimizer steps after `warmup` ones, through Lightning's loop."""
+    from fasttrain.build import build
+
+    result: dict[str, float] = {}
+    trainer = build(
+        trainer_cfg,
+        "trainer",
+        callbacks=[window_timer(warmup, measured, result)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=1,
+        max_steps=warmup + measured,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        precision=precision,
+    )
+    trainer.fit(model, train_dataloaders=Resident(batches, warmup + measured))
+    return result["seconds"]
+
+
+# ---- conv: AMP speedup ---------------------------------------------------------------------------
+CONV_VARIANTS = [  # (label, precision, matmul_precision, channels_last, compile)
+    ("fp32", "32-true", "highest", False, False),
+    ("fp32 channels_last", "32-true", "highest", True, False),
+    ("tf32", "32-true", "high", False, False),
+    ("tf32 channels_last", "32-true", "high", True, False),
+    ("16-mixed", "16-mixed", "high", False, False),
+    ("16-mixed channels_last", "16-mixed", "high", True, False),
+    ("bf16-mixed", "bf16-mixed", "high", False, False),
+    ("bf16-mixed channels_last", "bf16-mixed", "high", True, False),
+    ("fp32 channels_last compile", "32-true", "highest", True, True),
+    ("bf16-mixed channels_last compile", "bf16-mixed", "high", True, True),
+]
+
+
+def bench_conv(out: Path, smoke: bool, device: str) -> dict[str, Any]:
+    import torch
+
+    from fasttrain.build import build
+
+    batch, shape = (8, [3, 16, 16]) if smoke else (256, [3, 32, 32])
+    widths, blocks = ([8, 16], [1, 1]) if smoke else ([64, 128, 256, 512], [2, 2, 2, 2])
+    warmup, measured = (1, 2) if smoke else (20, 60)
+    variants = CONV_VARIANTS[:2] + CONV_VARIANTS[6:7] if smoke else CONV_VARIANTS
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        (
+            torch.randn(batch, *shape, generator=gen).to(device),
+            torch.randint(0, 10, (batch,), generator=gen).to(device),
+        )
+        for _ in range(4)
+    ]
+    rows = []
+    for label, precision, matmul, channels_last, compiled in variants:
+        if smoke and precision == "16-mixed":
+            continue
+        cfg = compose(
+            [
+                "model/net=resnet",
+                f"model.net.channels={widths}",
+                f"model.net.blocks={blocks}",
+                f"data.input_shape={shape}",
+                "data=synthetic",
+                f"data.batch_size={batch}",
+                f"model.channels_last={channels_last}",
+                f"model.compile={compiled}",
+                f"matmul_precision={matmul}",
+                "model.scheduler=null",
+                f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
+                "trainer.devices=1",
+            ],
+            out / "conv",
+        )
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
+        torch.manual_seed(0)
+        model = build(cfg.model, "model")
+        seconds = fit_window(model, batches, warmup, measured, cfg.trainer, precision)
+        rows.append(
+            {
+                "variant": label,
+                "precision": precision,
+                "matmul_precision": matmul,
+                "channels_last": channels_last,
+                "compile": compiled,
+                "images_per_s": batch * measured / seconds,
+            }
+        )
+        print(f"conv {label}: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
+    by = {r["variant"]: r["images_per_s"] for r in rows}
+    best_amp = max(v for k, v in by.items() if "mixed" in k)
+    return {
+        "net": f"ResNet(channels={widths}, blocks={blocks})",
+        "batch": batch,
+        "input": shape,
+        "rows": rows,
+        "amp_speedup_bf16_vs_fp32": by["bf16-mixed"] / by["fp32"],
+        "best_amp_vs_fp32": best_amp / by["fp32"],
+    }
+
+
+# ---- transformer: MFU ----------------------------------------------------------------------------
+def gpt_module(vocab: int, d: int, layers: int, heads: int, seq: int):
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, d]
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, d // heads).unbind(2)
+            # [B, heads, T, d_head]; the fused kernel (flash/efficient) does the causal softmax
+            att = F.scaled_dot_product_attention(
+                *(z.transpose(1, 2) for z in (q, k, v)), is_causal=True
+            )
+            x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+            self.blocks = nn.Sequential(*(Block() for _ in range(layers)))
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, vocab]
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            return self.head(self.ln(self.blocks(x)))
+
+    class LM(L.LightningModule):
+        def __init__(self, compile_net: bool) -> None:
+            super().__init__()
+            self.net = GPT()
+            if compile_net:
+                self.net.compile()  # the net, not the LightningModule (self.log must stay eager)
+
+        def training_step(self, batch, batch_idx):
+            idx, target = batch
+            logits = self.net(idx)
+            return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-4, fused=torch.cuda.is_available())
+
+    return LM
+
+
+def bench_transformer(out: Path, smoke: bool, device: str) -> dict[str, Any]:
+    import torch
+    from omegaconf import OmegaConf
+
+    from fasttrain.callbacks.perf import dense_peak_tflops
+
+    vocab, d, layers, heads, seq, batch = (
+        (256, 64, 2, 4, 32, 4) if smoke else (32768, 768, 12, 12, 1024, 32)
+    )
+    warmup, measured = (1, 2) if smoke else (15, 40)
+    torch.manual_seed(0)
+    model = gpt_module(vocab, d, layers, heads, seq)(compile_net=not smoke)
+    n_params = sum(
+        p.numel() for n, p in model.named_parameters() if not n.startswith(("net.tok", "net.pos"))
+    )
+    # Training FLOPs per token (PaLM, appendix B): 6 per non-embedding weight (fwd + bwd matmuls)
+    # plus the attention scores and weighted sum, 12 * layers * d * seq; causal masking skipped.
+    flops_per_token = 6 * n_params + 12 * layers * d * seq
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(4):
+        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=gen).to(device)
+        batches.append((tokens[:, :-1], tokens[:, 1:]))
+    trainer_cfg = OmegaConf.create(
+        {
+            "_target_": "lightning.pytorch.Trainer",
+            "accelerator": "gpu" if device == "cuda" else "cpu",
+            "devices": 1,
+        }
+    )
+    precision = "bf16-mixed"
+    seconds = fit_window(model, batches, warmup, measured, trainer_cfg, precision)
+    tokens_per_s = batch * seq * measured / seconds
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    peak = dense_peak_tflops(name, "bf16")
+    mfu = tokens_per_s * flops_per_token / (peak * 1e12) if peak else None
+    print(f"transformer: {tokens_per_s:,.0f} tokens/s, MFU {mfu if mfu is None else f'{mfu:.1%}'}")
+    return {
+        "shape": {
+            "vocab": vocab,
+            "d_model": d,
+            "layers": layers,
+            "heads": heads,
+            "seq": seq,
+            "batch": batch,
+        },
+        "params_non_embedding": n_params,
+        "precision": precision,
+        "compile": not smoke,
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": flops_per_token,
+        "peak_tflops_bf16_dense": peak,
+        "mfu": mfu,
+    }
+
+
+# ---- data-wait share -----------------------------------------------------------------------------
+def bench_data_wait(out: Path, smoke: bool, device: str) -> dict[str, Any]:
+    rows = []
+    epochs = 1 if smoke else 3
+    for data in ("digits", "synthetic"):
+        for fast in (False, True):
+            run = f"{data}_{'pinned_prefetch' if fast else 'plain'}"
+            cmd = [
+                sys.executable,
+                "train.py",
+                f"data={data}",
+                f"paths.log_dir={out}/data_wait",
+                f"run_name={run}",
+                f"trainer.max_epochs={epochs}",
+                "test=false",
+                "logger=none",
+                f"data.pin_memory={fast}",
+                f"data.device_prefetch={fast}",
+                f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
+            ]
+            if smoke:
+                cmd += ["++trainer.limit_train_batches=3", "++trainer.limit_val_batches=1"]
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+            summary = json.loads(
+                (out / "data_wait" / "train" / run / "perf_summary.json").read_text()
+            )
+            rows.append(
+                {
+                    "data": data,
+                    "pin_memory_and_device_prefetch": fast,
+                    "data_wait_share": summary["data_wait_share"],
+                    "samples_per_sec": summary["samples_per_sec"],
+                    "perf_summary": summary,
+                }
+            )
+            print(f"data_wait {run}: {summary['data_wait_share']:.1%}", flush=True)
+    return {"rows": rows, "epochs": epochs}
+
+
+# ---- report ------------------------------------------------------------------------------------
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        f"GPU check on **{m['device']}** ({m['gpu_memory_gb']:.0f} GB), torch {m['torch']}, "
+        f"CUDA {m['cuda']}, lightning {m['lightning']}, {m['date']}",
+        "",
+    ]
+    if "conv" in results:
+        c = results["conv"]
+        lines += [
+            f"{c['net']} training, batch {c['batch']}, {c['input']} inputs, data on the device:",
+            "",
+            "| variant | images/s | vs fp32 |",
+            "|---|---|---|",
+        ]
+        fp32 = next(r["images_per_s"] for r in c["rows"] if r["variant"] == "fp32")
+        for r in c["rows"]:
+            lines.append(
+                f"| {r['variant']} | {r['images_per_s']:,.0f} | {r['images_per_s'] / fp32:.2f}x |"
+            )
+        lines += [
+            "",
+            f"AMP speedup (bf16-mixed vs fp32): **{c['amp_speedup_bf16_vs_fp32']:.2f}x** "
+            f"(best mixed variant: {c['best_amp_vs_fp32']:.2f}x; target >= 2.5x)",
+            "",
+        ]
+    if "transformer" in results:
+        t = results["transformer"]
+        mfu = "n/a (device not in the peak table)" if t["mfu"] is None else f"**{t['mfu']:.1%}**"
+        lines += [
+            f"GPT-style decoder {t['shape']}, {t['params_non_embedding'] / 1e6:.0f} M non-embedding"
+            f" params, bf16-mixed + compile: {t['tokens_per_s']:,.0f} tokens/s, MFU {mfu} "
+            f"(target >= 45%)",
+            "",
+        ]
+    if "data_wait" in results:
+        lines += [
+            "| data | pin_memory + device_prefetch | data-wait share | samples/s |",
+            "|---|---|---|---|",
+        ]
+        for r in results["data_wait"]["rows"]:
+            lines.append(
+                f"| {r['data']} | {r['pin_memory_and_device_prefetch']} | "
+                f"{r['data_wait_share']:.2%} | {r['samples_per_sec']:,.0f} |"
+            )
+        lines.append("")
+    for name, err in results.get("errors", {}).items():
+        lines.append(f"- {name} failed: {err}")
+    return "\n".join(lines)
+
+
+def machine(device: str) -> dict[str, Any]:
+    import lightning
+    import torch
+
+    props = torch.cuda.get_device_properties(0) if device == "cuda" else None
+    return {
+        "device": props.name if props else "cpu",
+        "gpu_memory_gb": props.total_memory / 1e9 if props else 0,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "lightning": lightning.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes; runs on CPU")
+    parser.add_argument("--only", nargs="*", default=["conv", "transformer", "data_wait"])
+    args = parser.parse_args()
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.smoke:
+        sys.exit(
+            "error: no CUDA device: the GPU benchmark needs one (--smoke runs tiny sizes on CPU)"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"machine": machine(device), "smoke": args.smoke}
+    sections = {"conv": bench_conv, "transformer": bench_transformer, "data_wait": bench_data_wait}
+    for name in args.only:
+        try:
+            results[name] = sections[name](args.out / "runs", args.smoke, device)
+        except Exception as err:  # one failing section must not lose the others' numbers
+            results.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"[:2000]
+            print(f"{name} failed: {err}", file=sys.stderr)
+        (args.out / "gpu_results.json").write_text(
+            json.dumps(results, indent=2, default=str) + "\n"
+        )
+    (args.out / "gpu_results.md").write_text(markdown(results) + "\n")
+    print(markdown(results))
+    sys.exit(1 if results.get("errors") else 0)
+
+
+if __name__ == "__main__":
+    main()

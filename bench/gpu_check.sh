@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The GPU check: everything that needs CUDA, in one go, in under 8 minutes on one GPU.
+#
+#   bench/gpu_check.sh [OUT_DIR] [--wheels DIR]
+#
+# OUT_DIR (default bench/results/gpu/) receives pytest_gpu.txt, gpu_results.json, gpu_results.md
+# and each benchmark run's perf_summary.json. --wheels DIR installs the project's missing
+# pure-Python dependencies (e.g. hydra-core, omegaconf, antlr4-python3-runtime) from a folder of
+# wheels, offline; the machine's torch is never replaced.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=bench/results/gpu
+WHEELS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheels) WHEELS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) OUT="$1"; shift ;;
+  esac
+done
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+
+if ! $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "error: torch sees no CUDA device here; the GPU check needs one" >&2
+  exit 2
+fi
+
+# What the project needs beyond torch, by import name -> distribution name.
+missing=$($PY - <<'PY'
+import importlib.util
+need = {"lightning": "lightning", "torchmetrics": "torchmetrics", "hydra": "hydra-core",
+        "omegaconf": "omegaconf", "antlr4": "antlr4-python3-runtime", "tensorboard": "tensorboard",
+        "sklearn": "scikit-learn", "rich": "rich", "pytest": "pytest"}
+print(" ".join(dist for mod, dist in need.items() if importlib.util.find_spec(mod) is None))
+PY
+)
+if [ -n "$missing" ]; then
+  echo "missing here: $missing"
+  if [ -z "$WHEELS" ]; then
+    echo "error: install them or pass --wheels DIR (a folder of wheels; antlr4 ships only as an sdist: build its wheel first)" >&2
+    exit 2
+  fi
+  # Pin the installed torch so nothing from the wheel folder can replace it.
+  torch_pin="torch==$($PY -c 'import torch; print(torch.__version__)')"
+  $PY -m pip install --no-index --find-links "$WHEELS" $missing "$torch_pin" || exit 2
+fi
+# The project itself, without touching dependencies (editable: src/ and conf/ stay here).
+$PY -c 'import fasttrain' 2>/dev/null || $PY -m pip install --no-deps --no-build-isolation -e . >/dev/null || \
+  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+$PY -m fasttrain.doctor --json > "$OUT/doctor.json" 2> "$OUT/doctor.err" || echo "doctor failed (see $OUT/doctor.err)"
+
+echo "== gpu-marked tests =="
+$PY -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt"
+tests_rc=${PIPESTATUS[0]}
+
+echo "== benchmarks =="
+$PY bench/gpu_bench.py --out "$OUT"
+bench_rc=$?
+
+echo
+cat "$OUT/gpu_results.md"
+echo "gpu tests: exit $tests_rc; benchmarks: exit $bench_rc; results in $OUT"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

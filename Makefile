@@ -7,9 +7,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Re-install only when the project's dependencies change.
 STAMP := $(VENV)/.installed
-# dev tools, and the ONNX packages so that export's tests run rather than skip
-EXTRAS ?= dev,export
+# dev tools, and the optional packages whose tests would otherwise skip (ONNX export, notebooks,
+# Optuna sweeps, the SLURM launcher, copier)
+EXTRAS ?= dev,export,notebooks,sweep,cluster,template
 ARGS ?=
+# make tensorboard PORT=6007; make new-project NAME=acme_vision DEST=../acme_vision
+PORT ?= 6006
+NAME ?=
+DEST ?=
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +24,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-.PHONY: help install train export test test-slow lint format bench clean
+.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard new-project
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -40,9 +45,13 @@ test-slow: $(STAMP) ## run only the long tests (CI runs them after make test)
 	@# pytest exits 5 when no test is marked slow: nothing to run is not a failure.
 	$(BIN)/python -m pytest -m slow $(ARGS) || [ $$? -eq 5 ]
 
-lint: $(STAMP) ## ruff lint + format check
+lint: $(STAMP) ## ruff lint + format check, then mypy on src/
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: $(STAMP) ## mypy on src/ (settings in pyproject.toml)
+	$(BIN)/mypy
 
 format: $(STAMP) ## ruff fix + format
 	$(BIN)/ruff check --fix .
@@ -50,6 +59,14 @@ format: $(STAMP) ## ruff fix + format
 
 bench: $(STAMP) ## CPU benchmark: template vs hand-written loop -> bench/results/cpu.json
 	$(BIN)/python bench/overhead.py
+
+tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006); every run is listed by name
+	$(BIN)/tensorboard --logdir logs --host 127.0.0.1 --port $(PORT)
+
+new-project: ## copy this template into a new project: make new-project NAME=acme_vision DEST=../acme_vision
+	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "usage: make new-project NAME=acme_vision DEST=../acme_vision" >&2; exit 2; }
+	@# Standard library only: works before .venv exists.
+	$(PYTHON) src/fasttrain/new_project.py create $(DEST) --package $(NAME)
 
 clean: ## remove run outputs and caches (keeps .venv)
 	rm -rf logs outputs multirun lightning_logs .pytest_cache .ruff_cache .mypy_cache

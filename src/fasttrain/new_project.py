@@ -1,0 +1,150 @@
+"""Copy this template into a new project under a new package name: the one place that knows how.
+
+    make new-project NAME=acme_vision DEST=../acme_vision
+    python src/fasttrain/new_project.py create ../acme_vision --package acme_vision
+    copier copy --trust <this repo> ../acme_vision   (copier.yml runs `rename` after copying)
+
+Standard library only, so it runs before any environment exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TEMPLATE = "fasttrain"  # the package name this copy carries; `rename` replaces it
+ROOT = Path(__file__).resolve().parents[2]
+# Never copied: run outputs, environments, caches, the template's own history and copier file.
+EXCLUDE = {".git", ".venv", "logs", "outputs", "multirun", "lightning_logs", "__pycache__",
+           ".pytest_cache", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints", "build", "dist",
+           "copier.yml"}  # fmt: skip
+ATTRIBUTION = f"Started from the {TEMPLATE} template."
+
+
+class NewProjectError(Exception):
+    """Bad input: reported as one line, before anything is written."""
+
+
+def check_package(name: str) -> None:
+    if not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
+        raise NewProjectError(
+            f"package name {name!r} is not a valid Python identifier "
+            "(letters, digits and underscores, not starting with a digit), e.g. acme_vision"
+        )
+
+
+def check_dest(dest: Path) -> None:
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise NewProjectError(f"destination {dest} exists and is not empty; choose a new folder")
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if n in EXCLUDE or n.endswith((".egg-info", ".pyc"))}
+
+    shutil.copytree(src, dest, ignore=ignore, dirs_exist_ok=True)
+
+
+def _replace(text: str, package: str, project: str) -> str:
+    text = re.sub(rf"^# {TEMPLATE}\b", f"# {project}", text, flags=re.M)  # README title
+    text = re.sub(rf'^name = "{TEMPLATE}"', f'name = "{project}"', text, flags=re.M)  # pyproject
+    text = re.sub(rf"\b{TEMPLATE}-(\w)", rf"{project}-\1", text)  # console scripts
+    text = text.replace(TEMPLATE.upper(), package.upper())  # env vars (FASTTRAIN_ROOT)
+    return text.replace(TEMPLATE, package)
+
+
+def rename(root: Path, package: str, project: str, author: str = "", python: str = "") -> None:
+    """Rename the package in `root` (a fresh copy): folder, imports, `_target_`s, pyproject,
+    README title, Makefile, env var names; then set author and Python version if given."""
+    check_package(package)
+    old = root / "src" / TEMPLATE
+    if old.is_dir():
+        old.rename(root / "src" / package)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.parts):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # binary files carry no names
+        new = _replace(text, package, project)
+        if path.name == "pyproject.toml":
+            new = _pyproject(new, author, python)
+        if path.name == "README.md" and root / "README.md" == path:
+            new = new.replace("\n", f"\n\n{ATTRIBUTION}\n", 1)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+
+
+def _pyproject(text: str, author: str, python: str) -> str:
+    if author:
+        text = re.sub(r"^(license = .*)$", rf'\1\nauthors = [{{ name = "{author}" }}]', text,
+                      count=1, flags=re.M)  # fmt: skip
+    if python:
+        text = re.sub(r'^requires-python = ".*"', f'requires-python = ">={python}"', text,
+                      count=1, flags=re.M)  # fmt: skip
+        short = python.replace(".", "")
+        text = re.sub(r'^target-version = "py\d+"', f'target-version = "py{short}"', text,
+                      flags=re.M)  # fmt: skip
+        text = re.sub(r'^python_version = ".*"', f'python_version = "{python}"', text, flags=re.M)
+    return text
+
+
+def git_init(root: Path, message: str) -> None:
+    """`git init` and a first commit, under the user's git identity (a neutral one if unset)."""
+    if shutil.which("git") is None:
+        print("git not found: the project is not a repository yet", file=sys.stderr)
+        return
+    has_ident = subprocess.run(["git", "config", "user.email"], cwd=root, capture_output=True)
+    ident = [] if has_ident.stdout.strip() else [
+        "-c", "user.name=new-project", "-c", "user.email=new-project@localhost"]  # fmt: skip
+    for args in (["init", "-q"], ["add", "-A"], [*ident, "commit", "-q", "-m", message]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+def create(dest: Path, package: str, project: str = "", author: str = "", python: str = "",
+           src: Path = ROOT, init_git: bool = True) -> Path:  # fmt: skip
+    """Copy `src` to `dest` and rename it; refuse bad names or a non-empty `dest` first."""
+    check_package(package)
+    dest = dest.resolve()
+    check_dest(dest)
+    copy_tree(src, dest)
+    rename(dest, package, project or package.replace("_", "-"), author, python)
+    if init_git:
+        git_init(dest, f"New project {package}, from the {TEMPLATE} template")
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("create", "rename"):
+        cmd = sub.add_parser(name)
+        cmd.add_argument("dest" if name == "create" else "root", type=Path)
+        cmd.add_argument("--package", required=True, help="Python package name, e.g. acme_vision")
+        cmd.add_argument("--project", default="", help="distribution name (default: package)")
+        cmd.add_argument("--author", default="")
+        cmd.add_argument("--python", default="", help="minimum Python version, e.g. 3.11")
+        cmd.add_argument("--no-git", action="store_true", help="skip git init and first commit")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "create":
+            dest = create(args.dest, args.package, args.project, args.author, args.python,
+                          init_git=not args.no_git)  # fmt: skip
+            print(f"created {dest}: cd {dest} && make test")
+        else:
+            project = args.project or args.package.replace("_", "-")
+            rename(args.root, args.package, project, args.author, args.python)
+            if not args.no_git:
+                git_init(args.root, f"New project {args.package}, from the {TEMPLATE} template")
+    except NewProjectError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,7 @@ from fasttrain.build import build, build_all, validate
 from fasttrain.errors import UserError
 
 # Configs that ask for a CUDA device: without one they must fail with a clear error instead.
-NEEDS_CUDA = {"trainer/gpu.yaml"}
+NEEDS_CUDA = {"trainer/gpu.yaml", "debug/nvtx.yaml"}
 # Entry configs with a mandatory checkpoint (`ckpt_path: ???`); their own tests run them.
 NEEDS_CKPT = {"eval.yaml", "export.yaml", "predict.yaml"}
 # Configs that select a Hydra plugin from an extra ([sweep], [cluster]): skipped without it.
@@ -80,14 +80,16 @@ def test_config_composes_and_instantiates(rel: str, tmp_path: Path) -> None:
         torch.save(dict(model.hparams), blob)
         blob.seek(0)
         assert torch.load(blob, weights_only=True) == dict(model.hparams)
+    if rel in NEEDS_CUDA and not torch.cuda.is_available():
+        # The CUDA-only piece is the trainer (trainer=gpu) or a callback (debug=nvtx).
+        with pytest.raises(UserError, match="(?i)gpu"):
+            build_all(cfg.get("callbacks"), "callbacks")
+            build(cfg.trainer, "trainer")
+        return
     callbacks = build_all(cfg.get("callbacks"), "callbacks")
     loggers = build_all(cfg.get("logger"), "logger")
     if "trainer" not in cfg:
         return  # export and predict run the net without a Trainer
-    if rel in NEEDS_CUDA and not torch.cuda.is_available():
-        with pytest.raises(UserError, match="gpu"):
-            build(cfg.trainer, "trainer")
-        return
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     assert all(any(c is t for t in trainer.callbacks) for c in callbacks)
     assert len(loggers) == len([v for v in (cfg.get("logger") or {}).values() if v])

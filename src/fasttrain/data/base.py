@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from fasttrain.data.resumable import ResumableLoader
 from fasttrain.errors import ConfigError
 
 Auto = Literal["auto"]
@@ -105,10 +106,12 @@ class TensorDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         workers = self.num_workers
-        return DataLoader(
+        # Shuffled = training: an order fixed by (seed, epoch) that resumes mid-epoch exactly.
+        loader, order = (ResumableLoader, {"seed": self.seed}) if shuffle else (DataLoader, {})
+        return loader(
             self.splits[split],
+            **order,
             batch_size=self.batch_size,
-            shuffle=shuffle,
             num_workers=workers,
             pin_memory=self.pin_memory,
             # Both only exist with worker processes; DataLoader rejects them otherwise.

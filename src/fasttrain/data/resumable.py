@@ -1,0 +1,91 @@
+"""A training DataLoader that a run killed mid-epoch resumes exactly where it stopped.
+
+The shuffle order is a function of (seed, epoch) alone, not of the global RNG, and the loader
+implements Lightning's `state_dict`/`load_state_dict` protocol: Lightning stores how many batches
+of the current epoch were served in each checkpoint and, on a mid-epoch restart, hands it back
+before iterating, so the resumed epoch serves exactly the batches the interrupted one had left.
+A plain shuffling DataLoader restarts the epoch from a fresh random order instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+
+class EpochShuffle(RandomSampler):
+    """A permutation of the dataset drawn from `seed + epoch` (DistributedSampler's convention).
+
+    Subclasses RandomSampler so Lightning still sees a shuffling loader (it then shuffles the
+    DistributedSampler it substitutes under DDP, which follows the same convention).
+    """
+
+    def __init__(self, data_source: Sized, seed: int) -> None:
+        super().__init__(data_source)
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:  # called by Lightning before each epoch
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        gen = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(len(self.data_source), generator=gen).tolist())
+
+
+class _SkipFirst:
+    """Batches of `batches` after the first `skip`; the length stays the full epoch's."""
+
+    def __init__(self, batches: Any, skip: int) -> None:
+        self.batches, self.skip = batches, skip
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.batches), self.skip, None)
+
+
+class ResumableLoader(DataLoader):
+    """DataLoader shuffled by `EpochShuffle(seed)` that resumes mid-epoch (see module doc).
+
+    Skipping works on batch indices, so skipped batches are never loaded.
+    """
+
+    def __init__(self, dataset: Any, seed: int, **kwargs: Any) -> None:
+        # Lightning re-creates the loader with its own sampler under DDP: keep that one then.
+        if kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
+            kwargs["sampler"] = EpochShuffle(dataset, seed)
+        kwargs.pop("shuffle", None)
+        self._served = 0  # batches of the current epoch handed out so far
+        self._skip = 0  # batches to skip on the next pass (set by load_state_dict)
+        super().__init__(dataset, **kwargs)
+        self.seed = seed
+
+    @property
+    def _index_sampler(self) -> Iterable[Any]:
+        # DataLoader's iterators draw their batches of indices from this property.
+        sampler = super()._index_sampler
+        return _SkipFirst(sampler, self._skip) if self._skip else sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = super().__iter__()  # reads _index_sampler, so the skip applies to this pass
+        self._served, self._skip = self._skip, 0
+        return self._count(iterator)
+
+    def _count(self, iterator: Iterable[Any]) -> Iterator[Any]:
+        for batch in iterator:
+            self._served += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": int(getattr(self.sampler, "epoch", 0)), "batches": self._served}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(state["epoch"])
+        self._skip = state["batches"]

@@ -1,0 +1,140 @@
+"""Resume after a crash: SIGKILL at any step (or mid-save) and resume = the uninterrupted run,
+bit for bit; SIGTERM saves first; the resolution of resume=never|auto|PATH."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from conftest import CONF, REPO, run_cli
+from fasttrain.errors import UserError
+from fasttrain.resume import checkpoint_to_resume
+
+# 10 batches per epoch (digits train split / 128), 2 epochs = 20 optimizer steps, last.ckpt every
+# 3 steps. Deterministic, one process, no workers; test=false: only the fit is compared.
+STEPS = 20
+RUN = [
+    "model=mlp", "data.num_workers=0", "data.batch_size=128", "trainer.max_epochs=2",
+    "trainer.deterministic=true", "trainer.log_every_n_steps=2",
+    "callbacks.checkpoint.every_n_train_steps=3", "callbacks.progress_bar=null", "test=false",
+    "+trainer.enable_model_summary=false",
+]  # fmt: skip
+TESTS_DIR = str(Path(__file__).parent)
+
+
+def train_in_process(log_dir: Path, run_name: str, extra: list[str] = ()) -> Path:
+    """The same run as `python train.py ... run_name=<run_name>`, in this process (no start-up)."""
+    from fasttrain.train import train
+
+    run = log_dir / "train" / run_name
+    overrides = [*RUN, *extra, f"paths.root_dir={log_dir}", f"paths.log_dir={log_dir}",
+                 f"paths.output_dir={run}"]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        train(compose("train", overrides=[*overrides, f"run_name={run_name}"]))
+    return run
+
+
+def killed(
+    log_dir: Path, run_name: str, at_step: int, mode: str = "step", extra: list[str] = ()
+) -> subprocess.CompletedProcess:
+    """Run in a subprocess that the test-only Killer callback stops at `at_step`."""
+    return run_cli(
+        [str(REPO / "train.py"), *RUN, *extra, f"run_name={run_name}",
+         "+callbacks.killer._target_=killer.Killer", f"+callbacks.killer.at_step={at_step}",
+         f"+callbacks.killer.mode={mode}"],
+        log_dir, PYTHONPATH=TESTS_DIR,
+    )  # fmt: skip
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == STEPS
+    state = dict(ckpt["state_dict"])
+    for i, s in ckpt["optimizer_states"][0]["state"].items():
+        state.update({f"optim.{i}.{k}": v for k, v in s.items()})
+    return state
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"not bit-identical: {differ}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """Final weights and optimizer state of the uninterrupted run."""
+    return weights(train_in_process(tmp_path_factory.mktemp("ref"), "ref"))
+
+
+def last_step(run: Path) -> int:
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+
+
+def test_sigterm_then_sigkill_then_resume_is_bit_exact(reference, tmp_path: Path) -> None:
+    run = tmp_path / "train" / "run"
+    # SIGTERM at step 7 (mid-epoch 0): last.ckpt is saved at 7, although the periodic one was 6.
+    proc = killed(tmp_path, "run", at_step=7, mode="term", extra=["logger=tensorboard"])
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    assert "stopped by SIGTERM" in proc.stderr and last_step(run) == 7
+    # resume=auto (same run_name) continues from 7; SIGKILL at step 14, mid-epoch 1, before its
+    # save: the newest checkpoint is step 12, so steps 13-14 are redone.
+    proc = killed(tmp_path, "run", at_step=14, extra=["logger=tensorboard"])
+    assert proc.returncode == -signal.SIGKILL and last_step(run) == 12
+    train_in_process(tmp_path, "run", ["logger=tensorboard"])
+    assert_same(weights(run), reference)
+    # TensorBoard continued in the same folder with steps continuing: each logged step of the
+    # whole run (every 2nd) is there, none twice except the redone 13-14.
+    steps = scalar_steps(run, "train/loss_step")
+    assert sorted(set(steps)) == list(range(1, STEPS, 2))
+
+
+def scalar_steps(run: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_steps_and_mid_save_is_bit_exact(reference, tmp_path: Path) -> None:
+    """One run SIGKILLed four times (three random steps, one during a save), resumed each time."""
+    rng = random.Random()
+    steps = [rng.randint(1, 8), rng.randint(13, 16), rng.randint(17, STEPS - 1)]
+    run = tmp_path / "train" / "run"
+    for i, step in enumerate(steps):
+        assert killed(tmp_path, "run", at_step=step).returncode == -signal.SIGKILL, (steps, i)
+        if i == 0:
+            # Resume, then die during the save of step 12, after its temp file is written.
+            assert killed(tmp_path, "run", at_step=12, mode="save").returncode == -signal.SIGKILL
+            assert list((run / "checkpoints").glob(".last.ckpt.*.tmp")), "save not interrupted"
+            # The interrupted save left the previous last.ckpt whole and loadable.
+            assert last_step(run) == 9
+    train_in_process(tmp_path, "run")
+    assert_same(weights(run), reference), steps
+    assert not list((run / "checkpoints").glob("*.tmp")), "stale temp files were not cleaned"
+
+
+def test_resume_resolution(tmp_path: Path) -> None:
+    ckpts = tmp_path / "checkpoints"
+    assert checkpoint_to_resume("auto", tmp_path) is None  # a fresh run: nothing to resume
+    ckpts.mkdir()
+    (ckpts / ".last.ckpt.1.ab.tmp").write_bytes(b"half")
+    assert checkpoint_to_resume("auto", tmp_path) is None
+    assert not list(ckpts.glob("*.tmp"))
+    (ckpts / "epoch000.ckpt").write_bytes(b"x")
+    (ckpts / "last.ckpt").write_bytes(b"x")
+    assert checkpoint_to_resume("auto", tmp_path) == str(ckpts / "last.ckpt")
+    assert checkpoint_to_resume("never", tmp_path) is None
+    assert checkpoint_to_resume(str(ckpts / "epoch000.ckpt"), tmp_path) == str(
+        ckpts / "epoch000.ckpt"
+    )
+    with pytest.raises(UserError, match=r"resume=nope\.ckpt: no such file"):
+        checkpoint_to_resume("nope.ckpt", tmp_path)

@@ -92,5 +92,10 @@ def load_classifier(path: str | Path) -> tuple[Any, dict[str, Any]]:
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as err:
-        raise UserError(f"ckpt_path={path}: weights do not fit the net it names ({err})") from None
+        # torch lists every mismatched tensor on its own line; the error stays one line.
+        detail = " ".join(str(err).split())
+        detail = detail if len(detail) <= 300 else detail[:300] + "..."
+        raise UserError(
+            f"ckpt_path={path}: weights do not fit the net it names ({detail})"
+        ) from None
     return model.eval(), dict(ckpt.get("datamodule_hyper_parameters") or {})

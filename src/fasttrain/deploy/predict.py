@@ -1,0 +1,66 @@
+"""Class predictions for a batch stream: inputs from an .npy file or a data module's split."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fasttrain.deploy.files import atomic_path
+from fasttrain.deploy.formats import Runner
+from fasttrain.errors import UserError
+
+
+def load_inputs(path: str | Path, input_shape: Sequence[int], key: str = "input") -> torch.Tensor:
+    """An .npy of inputs [N, *input_shape] -> float32 tensor; one UserError per way it fails."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"{key}={path}: no such file")
+    try:
+        # allow_pickle=False: an object array would run code from the file on load.
+        array = np.load(file, allow_pickle=False)
+    except Exception as err:
+        raise UserError(f"{key}={path}: not a readable .npy array ({err})") from None
+    expected = [*input_shape]
+    if not isinstance(array, np.ndarray) or list(array.shape[1:]) != expected:
+        shape = list(getattr(array, "shape", []))
+        raise UserError(f"{key}={path}: shape {shape} does not fit the net: expected [N, "
+                        f"{', '.join(map(str, expected))}]")  # fmt: skip
+    if len(array) == 0:
+        raise UserError(f"{key}={path}: holds no samples")
+    if array.dtype.kind not in "biuf":
+        raise UserError(f"{key}={path}: dtype {array.dtype} is not numeric")
+    return torch.as_tensor(array, dtype=torch.float32)
+
+
+def predict(
+    run: Runner, batches: Iterable[tuple[torch.Tensor, torch.Tensor | None]]
+) -> Iterator[tuple[int, float, int | None]]:
+    """(predicted class, its softmax probability, label or None) per sample, in order."""
+    for x, y in batches:
+        prob, pred = run(x).softmax(dim=1).max(dim=1)
+        labels = y.tolist() if y is not None else [None] * len(x)
+        yield from zip(pred.tolist(), prob.tolist(), labels, strict=True)
+
+
+def write_predictions(
+    path: Path, rows: Iterable[tuple[int, float, int | None]]
+) -> dict[str, float]:
+    """predictions.csv: index,pred,prob (and label when the inputs had labels).
+
+    Returns {"samples": N} and, with labels, {"accuracy": ...}.
+    """
+    rows = list(rows)
+    labelled = bool(rows) and rows[0][2] is not None
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["index", "pred", "prob", *(["label"] if labelled else [])])
+        for i, (pred, prob, label) in enumerate(rows):
+            writer.writerow([i, pred, f"{prob:.6f}", *([label] if labelled else [])])
+    summary: dict[str, float] = {"samples": len(rows)}
+    if labelled:
+        summary["accuracy"] = sum(p == y for p, _, y in rows) / len(rows)
+    return summary

@@ -1,0 +1,110 @@
+"""Export a net in each requested format, read every file back, check it, and report."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fasttrain.deploy.files import atomic_path
+from fasttrain.deploy.formats import EXPORTERS, Exporter, torch_runner
+from fasttrain.deploy.verify import Tolerance, print_report, verify, write_report
+from fasttrain.errors import UserError
+
+REPORT_NAME = "export_report.json"
+
+
+def missing_modules(exporters: Iterable[Exporter]) -> list[str]:
+    return [m for e in exporters for m in e.requires() if importlib.util.find_spec(m) is None]
+
+
+def select(fmt: str) -> list[Exporter]:
+    """`format=` -> exporters; one clear error for an unknown name or a missing extra."""
+    if fmt != "all" and fmt not in EXPORTERS:
+        raise UserError(f"format={fmt!r}: expected one of {', '.join([*EXPORTERS, 'all'])}")
+    exporters = list(EXPORTERS.values()) if fmt == "all" else [EXPORTERS[fmt]]
+    missing = missing_modules(exporters)
+    if missing:
+        raise UserError(
+            f"format={fmt}: needs {', '.join(missing)}; install the export extra: "
+            "pip install -e '.[export]'"
+        )
+    return exporters
+
+
+def resolve_device(name: str) -> torch.device:
+    """`device=` auto | cpu | cuda -> torch.device; auto picks CUDA when there is one."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise UserError(f"device={name!r}: expected one of 'auto', 'cpu', 'cuda'")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("device=cuda: no CUDA device is visible; use device=cpu or device=auto")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def failures(report: dict[str, Any]) -> list[str]:
+    """One line per format that missed its target."""
+    return [f"{name}: {row['target']} not met (max abs diff {row['max_abs_diff']:.2e}, "
+            f"agreement {row['agreement']:.2%}, accuracy {row['accuracy']:.2%})"
+            for name, row in report["formats"].items() if row.get("passed") is False]  # fmt: skip
+
+
+def run_dir_of(ckpt_path: str | Path) -> Path:
+    """The run a checkpoint belongs to: <run>/checkpoints/x.ckpt -> <run>; else its folder."""
+    ckpt = Path(ckpt_path).resolve()
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+
+
+def param_bytes(net: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*net.parameters(), *net.buffers()))
+
+
+def export_and_verify(
+    net: nn.Module,
+    exporters: Sequence[Exporter],
+    example: torch.Tensor,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    out_dir: Path,
+    device: torch.device,
+    tolerance: Tolerance,
+    latency_time: float = 0.2,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """Write each format into `out_dir` (atomically), check what reads back, write the report.
+
+    `net` is the fp32 net in eval mode; `example` a CPU batch of >= 2 inputs; `batches` the
+    held-out (x, y) split the checks run on. Returns the report (also in export_report.json).
+    """
+    net = copy.deepcopy(net).cpu().eval()
+    rows: dict[str, dict[str, Any]] = {"eager": {"file": None, "size_bytes": param_bytes(net)}}
+    candidates = {"eager": (torch_runner(copy.deepcopy(net), device), device)}
+    for exporter in exporters:
+        reason = exporter.skip_reason(net)
+        if reason:
+            rows[exporter.name] = {"skipped": reason}
+            continue
+        path = out_dir / exporter.filename
+        with atomic_path(path) as tmp:
+            info = exporter.write(net, example, tmp)
+        rows[exporter.name] = {"file": exporter.filename, "size_bytes": path.stat().st_size, **info}
+        candidates[exporter.name] = exporter.load(path, device)
+    results = verify(net, candidates, batches, latency_time)
+    fp32_acc = results["eager"]["accuracy"]
+    for name, result in results.items():
+        rows[name].update(result)
+        if name in EXPORTERS:
+            passed, target = tolerance.judge(EXPORTERS[name].criterion, rows[name], fp32_acc)
+            rows[name].update(passed=passed, target=target)
+    report = {
+        "checkpoint": source, "output_dir": str(out_dir), "device": str(device),
+        "test_samples": results["eager"]["samples"], "formats": rows,
+    }  # fmt: skip
+    write_report(out_dir / REPORT_NAME, report)
+    print_report(report)
+    return report

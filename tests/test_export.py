@@ -1,0 +1,235 @@
+"""Export: every format is written, read back and checked against the eager net; bad input fails
+cleanly. One short MLP run (Linear layers, so int8 quantises something) serves the module."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from torch import nn
+
+from conftest import CONF, run_cli, run_dirs
+from fasttrain.deploy import EXPORTERS, Tolerance, atomic_path, export_and_verify, failures, select
+from fasttrain.errors import UserError
+from fasttrain.export import export, restore
+
+ROW_FIELDS = {"file", "size_bytes", "max_abs_diff", "agreement", "accuracy", "samples", "device",
+              "latency_ms", "passed", "target"}  # fmt: skip
+TORCH_FORMATS = ["torchscript", "int8", "fp16"]  # no extra package needed
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log_dir = tmp_path_factory.mktemp("logs")
+    args = ["train.py", "model=mlp", "trainer.max_epochs=3", "data.num_workers=0", "logger=none",
+            "run_name=mlp"]  # fmt: skip
+    proc = run_cli(args, log_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = log_dir / "train" / "mlp" / "checkpoints" / "last.ckpt"
+    assert path.is_file()
+    return path
+
+
+def export_cfg(ckpt: Path, tmp_path: Path, *overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("export", overrides=[
+            f"ckpt_path={ckpt}", f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run",
+            "data.num_workers=0", "latency_time=0.01", *overrides,
+        ])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def restored(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object]:
+    model, datamodule = restore(export_cfg(ckpt, tmp_path_factory.mktemp("cfg")))
+    return model.net, datamodule
+
+
+def run_export(restored, formats: list[str], out_dir: Path, **tolerance: float) -> dict:
+    net, datamodule = restored
+    example = next(iter(datamodule.test_dataloader()))[0]
+    return export_and_verify(
+        net, [EXPORTERS[f] for f in formats], example, datamodule.test_dataloader(), out_dir,
+        torch.device("cpu"), Tolerance(**tolerance), latency_time=0.01,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def torch_export(restored, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("export")
+    return run_export(restored, TORCH_FORMATS, out), out
+
+
+def test_torch_formats_are_written_read_back_and_meet_targets(restored, torch_export) -> None:
+    report, tmp_path = torch_export
+    rows = report["formats"]
+    assert json.loads((tmp_path / "export_report.json").read_text()) == report
+    assert list(rows) == ["eager", *TORCH_FORMATS]
+    n_test = len(restored[1].test_dataloader().dataset)
+    assert report["test_samples"] == n_test and report["device"] == "cpu"
+    for name in TORCH_FORMATS:
+        row = rows[name]
+        assert set(row) >= ROW_FIELDS, name
+        assert row["passed"], (name, row)
+        assert (tmp_path / row["file"]).stat().st_size == row["size_bytes"] > 0
+        assert set(row["latency_ms"]) == {"1", "64"} and min(row["latency_ms"].values()) > 0
+    eager = rows["eager"]
+    assert eager["accuracy"] > 0.8 and eager["max_abs_diff"] == 0.0  # a trained net, as reference
+    assert rows["torchscript"]["max_abs_diff"] <= 1e-4 and rows["torchscript"]["agreement"] == 1.0
+    assert rows["int8"]["accuracy"] >= eager["accuracy"] - 0.01
+    assert rows["fp16"]["agreement"] >= 0.995
+    # int8 and fp16 really are smaller: the weights were converted, not copied.
+    assert rows["int8"]["size_bytes"] < 0.5 * eager["size_bytes"]
+    assert rows["fp16"]["size_bytes"] < 0.6 * eager["size_bytes"]
+    assert rows["int8"]["max_abs_diff"] > 0 and rows["fp16"]["max_abs_diff"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["export_report.json", "model.ts", "model_int8.pt", "model_fp16.pt"]
+    )  # no temporary files left
+
+
+def test_weight_files_load_without_unpickling_code(torch_export) -> None:
+    _, tmp_path = torch_export
+    for name in ("model_int8.pt", "model_fp16.pt"):
+        blob = torch.load(tmp_path / name, weights_only=True)
+        assert blob["net"]["_target_"].endswith("MLP") and blob["state_dict"]
+    fp16 = torch.load(tmp_path / "model_fp16.pt", weights_only=True)["state_dict"]
+    assert {t.dtype for t in fp16.values() if t.is_floating_point()} == {torch.float16}
+
+
+def test_int8_on_a_net_without_linear_layers_says_so(restored, tmp_path: Path) -> None:
+    conv_only = nn.Sequential(nn.Conv2d(1, 10, kernel_size=8), nn.Flatten())  # [B,1,8,8]->[B,10]
+    report = run_export((conv_only, restored[1]), ["int8"], tmp_path)
+    assert "no Linear layers" in report["formats"]["int8"]["skipped"]
+    assert not (tmp_path / "model_int8.pt").exists()
+
+
+def test_tolerance_judges_each_criterion() -> None:
+    tol = Tolerance()
+    assert tol.judge("exact", {"max_abs_diff": 5e-5, "agreement": 1.0}, 0.9)[0]
+    assert not tol.judge("exact", {"max_abs_diff": 2e-4, "agreement": 1.0}, 0.9)[0]
+    assert not tol.judge("exact", {"max_abs_diff": 0.0, "agreement": 0.99}, 0.9)[0]
+    assert tol.judge("accuracy", {"accuracy": 0.895}, 0.9)[0]
+    assert not tol.judge("accuracy", {"accuracy": 0.88}, 0.9)[0]
+    assert not tol.judge("agreement", {"agreement": 0.99}, 0.9)[0]
+    report = {"formats": {"eager": {}, "fp16": {"passed": False, "target": "agreement >= 0.995",
+              "max_abs_diff": 0.1, "agreement": 0.99, "accuracy": 0.9}}}  # fmt: skip
+    (line,) = failures(report)
+    assert line.startswith("fp16: agreement >= 0.995 not met")
+
+
+def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
+    target = tmp_path / "model.ts"
+    target.write_text("previous")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("crash mid-export")
+    assert target.read_text() == "previous" and list(tmp_path.iterdir()) == [target]
+
+
+def test_onnx_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "onnxscript" else real(name)
+    )
+    with pytest.raises(UserError, match=r"format=onnx: needs onnxscript.*\.\[export\]"):
+        select("onnx")
+    assert [e.name for e in select("int8")] == ["int8"]
+
+
+def test_bad_settings_fail_before_anything_is_read(ckpt: Path, tmp_path: Path) -> None:
+    for override, message in [
+        ("device=tpu", "device='tpu': expected one of"),
+        ("latency_time=0", "latency_time=0: expected seconds > 0"),
+        ("tolerance.min_agreement=1.5", "tolerance.min_agreement=1.5: expected a share"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            export(export_cfg(ckpt, tmp_path, override, "output_dir=" + str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_exports_all_formats_into_the_run_dir(ckpt: Path, restored, tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    proc = run_cli(["-m", "fasttrain.export", f"ckpt_path={ckpt}", "latency_time=0.02",
+                    "data.num_workers=0"], tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = ckpt.parents[1] / "export"  # <run>/checkpoints/last.ckpt -> <run>/export/
+    report = json.loads((out / "export_report.json").read_text())
+    assert list(report["formats"]) == ["eager", "onnx", "torchscript", "int8", "fp16"]
+    assert all(row["passed"] for name, row in report["formats"].items() if name != "eager")
+    assert all((out / EXPORTERS[name].filename).is_file() for name in EXPORTERS)
+    assert "export check" in proc.stdout and "torchscript" in proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr[-2000:]  # torch's legacy-API noise is muted
+    # One ONNX file serves any batch size: neither 1 nor 3 is the example's batch.
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    net = restored[0].eval()
+    for batch in (1, 3):
+        x = torch.randn(batch, 1, 8, 8)
+        (logits,) = session.run(None, {"input": x.numpy()})
+        with torch.no_grad():
+            assert torch.allclose(torch.from_numpy(logits), net(x), atol=1e-4)
+
+
+def corrupt(tmp_path: Path, ckpt: Path) -> Path:
+    path = tmp_path / "corrupt.ckpt"
+    path.write_bytes(b"PK\x03\x04 not a zip archive at all")
+    return path
+
+
+def foreign(tmp_path: Path, ckpt: Path) -> Path:
+    """A Lightning checkpoint of some other LightningModule: weights, but no net spec."""
+    path = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}, "hyper_parameters": {"lr": 0.1}}, path)
+    return path
+
+
+def mismatched(tmp_path: Path, ckpt: Path) -> Path:
+    """Our checkpoint whose net spec names other layer widths than its weights have."""
+    blob = torch.load(ckpt, weights_only=True)
+    blob["hyper_parameters"]["net"]["hidden"] = [32]
+    path = tmp_path / "mismatched.ckpt"
+    torch.save(blob, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (corrupt, "not a readable checkpoint"),
+        (foreign, "not a fasttrain Classifier checkpoint"),
+        (mismatched, "weights do not fit the net it names (Error(s) in loading state_dict"),
+    ],
+    ids=["corrupt", "other-model", "mismatched-weights"],
+)
+def test_bad_checkpoint_is_one_line_and_writes_nothing(
+    make, message: str, ckpt: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    cfg = export_cfg(make(tmp_path, ckpt), tmp_path, f"output_dir={out}", "format=torchscript")
+    with pytest.raises(UserError, match=re.escape(message)) as err:
+        export(cfg)
+    assert "\n" not in str(err.value) and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ckpt_path=missing.ckpt"], "error: ckpt_path=missing.ckpt: no such file"),
+        (["ckpt_path=CKPT", "format=tflite"], "error: format='tflite': expected one of onnx, "),
+    ],
+    ids=["missing", "unknown-format"],
+)
+def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(
+    args: list[str], message: str, ckpt: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    args = [a.replace("CKPT", str(ckpt)) for a in args]
+    proc = run_cli(["-m", "fasttrain.export", f"output_dir={out}", *args], tmp_path / "logs")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith(message) and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists() and run_dirs(tmp_path / "logs", "export") == []

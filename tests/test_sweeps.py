@@ -1,0 +1,69 @@
+"""Sweeps: the run returns its optimised metric to the sweeper; Optuna and grid sweeps run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import final_metrics, run_cli
+from fasttrain.errors import UserError
+from fasttrain.sweep import optimized_metric
+
+SHORT = ["trainer.max_epochs=1", "data.num_workers=0", "data.batch_size=256"]
+
+
+def sweep_runs(log_dir: Path) -> list[Path]:
+    return sorted(p.parent.parent for p in log_dir.glob("train/multirun/*/*/.hydra/config.yaml"))
+
+
+def test_optimized_metric_is_looked_up_or_fails_naming_the_logged_ones() -> None:
+    metrics = {"val/acc": 0.5, "val/acc_best": 0.75, "test/acc": 0.7}
+    assert optimized_metric(metrics, "val/acc_best") == 0.75
+    assert optimized_metric(metrics, None) is None
+    with pytest.raises(UserError, match=r"optimized_metric='val/accc'.*test/acc, val/acc, val/acc"):
+        optimized_metric(metrics, "val/accc")
+
+
+def test_unknown_metric_fails_the_run_clearly(tmp_path: Path) -> None:
+    proc = run_cli(["train.py", *SHORT, "optimized_metric=val/accuracy"], tmp_path)
+    assert proc.returncode == 2
+    assert "error: optimized_metric='val/accuracy'" in proc.stderr and "val/acc_best" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_optuna_search_maximises_the_metric_the_runs_return(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    proc = run_cli(
+        # the batch size is searched: shortened by batch count instead
+        ["train.py", "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2",
+         "trainer.max_epochs=1", "data.num_workers=0", "+trainer.limit_train_batches=3"],
+        tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sweep_runs(tmp_path)
+    assert len(runs) == 2
+    (result,) = tmp_path.glob("train/multirun/*/optimization_results.yaml")
+    best = yaml.safe_load(result.read_text())
+    # Optuna saw exactly what each run measured: its best value is the best trial's val/acc_best.
+    assert best["best_value"] == pytest.approx(max(final_metrics(r)["val/acc_best"] for r in runs))
+    assert set(best["best_params"]) == {
+        "model.optimizer.lr",
+        "data.batch_size",
+        "model.net.channels",
+    }
+    # each trial's folder names its sampled values
+    assert all("model.optimizer.lr=" in r.name for r in runs)
+
+
+@pytest.mark.slow
+def test_grid_sweep_runs_every_combination(tmp_path: Path) -> None:
+    proc = run_cli(["train.py", "-m", "model.optimizer.lr=1e-3,3e-3", "seed=1,2", *SHORT], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sweep_runs(tmp_path)
+    names = {r.name.split("_", 1)[1] for r in runs}
+    assert len(runs) == 4 and len(names) == 4
+    for lr in ("0.001", "0.003"):
+        for seed in ("1", "2"):
+            assert any(f"model.optimizer.lr={lr}" in n and f"seed={seed}" in n for n in names)

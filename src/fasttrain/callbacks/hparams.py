@@ -27,7 +27,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def log_hparams(
-    loggers: list[Any], params: Mapping[str, Any], metrics: Mapping[str, float]
+    loggers: list[Any], params: Any, metrics: Mapping[str, float]
 ) -> None:
     """Write `params` (nested, resolved) once with the run's final `metrics` to every
     TensorBoard logger; other loggers keep what Lightning already records for them."""

@@ -1,0 +1,32 @@
+"""CI and pre-commit call the Makefile's targets, so a green `make lint test` means a green CI."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from conftest import REPO
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([a-zA-Z_-]+):", (REPO / "Makefile").read_text(), flags=re.M))
+
+
+def test_ci_workflow_runs_makefile_targets_like_ci_run() -> None:
+    workflow = yaml.safe_load((REPO / ".github/workflows/ci.yml").read_text())
+    steps = [s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"]]
+    used = {m for step in steps for m in re.findall(r"\bmake (\S+)", step)}
+    ci_run = set(re.findall(r"^make (\S+)", (REPO / ".ci/run").read_text(), flags=re.M))
+    assert ci_run <= used, "the workflow skips a target that .ci/run runs"
+    assert "lint" in used and used <= make_targets()
+
+
+def test_makefile_has_the_tooling_targets() -> None:
+    assert {"lint", "format", "typecheck", "tensorboard", "new-project", "test"} <= make_targets()
+
+
+def test_pre_commit_runs_ruff_and_strips_notebooks() -> None:
+    config = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())
+    hooks = {h["id"] for repo in config["repos"] for h in repo["hooks"]}
+    assert {"ruff", "ruff-format", "nbstripout", "mypy"} <= hooks

@@ -15,7 +15,10 @@ from fasttrain.build import build, build_all, validate
 from fasttrain.errors import UserError
 
 # Configs that ask for a CUDA device: without one they must fail with a clear error instead.
-NEEDS_CUDA = {"trainer/gpu.yaml", "debug/nvtx.yaml"}
+NEEDS_CUDA = {"trainer/gpu.yaml", "debug/nvtx.yaml", "trainer/ddp.yaml", "trainer/fsdp.yaml"}
+# Launch processes by re-running `python train.py ...`: an in-process run would re-run pytest.
+# tests/test_strategies.py runs them through `python train.py` in a subprocess instead.
+LAUNCHES_PROCESSES = {"trainer/ddp_cpu.yaml"}
 # Entry configs with a mandatory checkpoint (`ckpt_path: ???`); their own tests run them.
 NEEDS_CKPT = {"eval.yaml", "export.yaml", "predict.yaml"}
 # Configs that select a Hydra plugin from an extra ([sweep], [cluster]): skipped without it.
@@ -104,6 +107,8 @@ SMOKE = [
 def test_config_smoke_runs(rel: str, tmp_path: Path) -> None:
     if rel in NEEDS_CUDA and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (the instantiate test checks the error without one)")
+    if rel in LAUNCHES_PROCESSES:
+        pytest.skip("launches processes: smoke-run via python train.py in test_strategies.py")
     from fasttrain.train import train
 
     cfg = compose_for(rel, tmp_path, SHORT)

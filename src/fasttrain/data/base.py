@@ -8,14 +8,19 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, TensorDataset
 
+from fasttrain.data.prefetch import PREFETCHING
 from fasttrain.data.resumable import ResumableLoader
 from fasttrain.errors import ConfigError
 
 Auto = Literal["auto"]
 # Knobs that tune loading speed on this machine but never change which samples a split holds.
-LOADER_ARGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+LOADER_ARGS = (
+    "batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
+    "device_prefetch",
+)  # fmt: skip
 
 
 def _cpu_count() -> int:
@@ -61,6 +66,8 @@ class TensorDataModule(L.LightningDataModule):
         prefetch_factor: batches each worker prepares ahead; ignored without workers.
         val_fraction, test_fraction: shares of the data held out, each in (0, 1).
         seed: fixes the split (and the synthetic data) independently of the global seed.
+        device_prefetch: copy the next batch to the GPU on a side CUDA stream during the current
+            step (fasttrain.data.prefetch); on CPU a no-op that says so once.
     """
 
     def __init__(
@@ -73,6 +80,7 @@ class TensorDataModule(L.LightningDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.2,
         seed: int = 42,
+        device_prefetch: bool = False,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -95,6 +103,8 @@ class TensorDataModule(L.LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.val_fraction, self.test_fraction, self.seed = val_fraction, test_fraction, seed
         self.splits: dict[str, TensorDataset] = {}
+        self.device_prefetch = device_prefetch
+        self._said_no_prefetch = False
 
     def make_splits(self) -> dict[str, TensorDataset]:
         """{"train", "val", "test"} -> (x: float32 [N, *input_shape], y: int64 [N]) datasets."""
@@ -108,6 +118,9 @@ class TensorDataModule(L.LightningDataModule):
         workers = self.num_workers
         # Shuffled = training: an order fixed by (seed, epoch) that resumes mid-epoch exactly.
         loader, order = (ResumableLoader, {"seed": self.seed}) if shuffle else (DataLoader, {})
+        device = self._prefetch_device()
+        if device is not None:
+            loader, order = PREFETCHING[loader], {**order, "prefetch_to": device}
         return loader(
             self.splits[split],
             **order,
@@ -118,6 +131,21 @@ class TensorDataModule(L.LightningDataModule):
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
         )
+
+    def _prefetch_device(self) -> torch.device | None:
+        """The CUDA device batches are prefetched to, or None (off, or nothing to prefetch to)."""
+        if not self.device_prefetch:
+            return None
+        device = self.trainer.strategy.root_device if self.trainer is not None else None
+        if device is not None and device.type == "cuda":
+            return device
+        if not self._said_no_prefetch:
+            self._said_no_prefetch = True
+            rank_zero_info(
+                f"data.device_prefetch=true: the device is {device or 'not set'}, not CUDA; "
+                "batches are loaded as usual (prefetching to a GPU is a no-op here)"
+            )
+        return None
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -17,6 +19,17 @@ from fasttrain.errors import ConfigError
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+LrScaling = Literal["none", "linear", "sqrt"]
+
+
+def scale_lr(lr: float, effective_batch: int, base_batch: int, rule: LrScaling) -> float:
+    """The learning rate for `effective_batch` given one tuned at `base_batch`.
+
+    "linear": lr x k for k times the batch (Goyal et al., SGD); "sqrt": lr x sqrt(k), which suits
+    adaptive optimizers (Adam) better; "none": unchanged.
+    """
+    ratio = effective_batch / base_batch
+    return {"none": lr, "linear": lr * ratio, "sqrt": lr * math.sqrt(ratio)}[rule]
 
 
 class Classifier(L.LightningModule):
@@ -28,6 +41,11 @@ class Classifier(L.LightningModule):
         num_classes: number of classes, for the accuracy metrics.
         scheduler: a factory taking the optimizer, or None for a constant learning rate.
         scheduler_interval: step the scheduler every "epoch" or every optimizer "step".
+        lr_scaling: scale the optimizer's lr by the effective batch size (batch_size x
+            accumulate_grad_batches x world size) over `base_batch_size`: none, linear or sqrt.
+        base_batch_size: the effective batch size the optimizer's lr was tuned for.
+        channels_last: NHWC memory format for the net and 4-D inputs (faster convs on Tensor Cores).
+        compile: torch.compile the net (not this module: compiling it would break `self.log`).
     """
 
     def __init__(
@@ -37,18 +55,36 @@ class Classifier(L.LightningModule):
         num_classes: int,
         scheduler: SchedulerFactory | None = None,
         scheduler_interval: Literal["epoch", "step"] = "epoch",
+        lr_scaling: LrScaling = "none",
+        base_batch_size: int = 64,
+        channels_last: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         if num_classes < 2:
             raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         if scheduler_interval not in ("epoch", "step"):
             raise ConfigError("scheduler_interval", scheduler_interval, "expected epoch or step")
+        if lr_scaling not in ("none", "linear", "sqrt"):
+            raise ConfigError("lr_scaling", lr_scaling, "expected one of 'none', 'linear', 'sqrt'")
+        if base_batch_size < 1:
+            raise ConfigError("base_batch_size", base_batch_size, "expected an int >= 1")
+        if channels_last:
+            net = net.to(memory_format=torch.channels_last)  # 4-D weights only; others unchanged
+        if compile:
+            net.compile()  # in place: state_dict keys stay those of the plain net
         self.net = net
+        self.channels_last = channels_last
+        # Set by the LR finder (tuner.lr_find=true); overrides the optimizer's lr when not None.
+        self.lr: float | None = None
+        self.effective_batch_size: int | None = None
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         # Plain specs, never objects: checkpoints then load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "net": spec_of(net), "optimizer": spec_of(optimizer), "scheduler": spec_of(scheduler),
             "num_classes": num_classes, "scheduler_interval": scheduler_interval,
+            "lr_scaling": lr_scaling, "base_batch_size": base_batch_size,
+            "channels_last": channels_last, "compile": compile,
         })  # fmt: skip
         # micro average = plain accuracy (fraction of correct predictions).
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -57,6 +93,8 @@ class Classifier(L.LightningModule):
         self.val_acc_best = MaxMetric()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
     def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -67,6 +105,11 @@ class Classifier(L.LightningModule):
     def on_train_start(self) -> None:
         # The sanity-check validation ran on an untrained net; its accuracy is not a "best".
         self.val_acc_best.reset()
+        if self.effective_batch_size is not None:
+            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+            for logger in self.loggers:
+                logger.log_metrics({"lr/effective_batch_size": self.effective_batch_size,
+                                    "lr/scaled": lr}, step=0)  # fmt: skip
 
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
@@ -97,6 +140,7 @@ class Classifier(L.LightningModule):
         if self.optimizer_factory is None:
             raise ConfigError("optimizer", None, "training needs an optimizer factory")
         optimizer = self.optimizer_factory(self.parameters())
+        self._scale_lr(optimizer)
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)
@@ -105,3 +149,24 @@ class Classifier(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": interval},
         }
+
+    def _scale_lr(self, optimizer: torch.optim.Optimizer) -> None:
+        """Apply the LR finder's lr, or scale the configured lr by the effective batch size."""
+        rule = self.hparams["lr_scaling"]
+        datamodule = getattr(self.trainer, "datamodule", None)
+        batch_size = getattr(datamodule, "batch_size", None)
+        if batch_size is not None:
+            world = self.trainer.world_size
+            self.effective_batch_size = batch_size * self.trainer.accumulate_grad_batches * world
+        for group in optimizer.param_groups:
+            if self.lr is not None:  # found for this very batch size: no further scaling
+                group["lr"] = self.lr
+            elif rule != "none" and self.effective_batch_size is not None:
+                base = self.hparams["base_batch_size"]
+                group["lr"] = scale_lr(group["lr"], self.effective_batch_size, base, rule)
+        if rule != "none" or self.lr is not None:
+            rank_zero_info(
+                f"lr {optimizer.param_groups[0]['lr']:.3g} for effective batch "
+                f"{self.effective_batch_size} (lr_scaling={rule}, "
+                f"base_batch_size={self.hparams['base_batch_size']})"
+            )

@@ -1,0 +1,43 @@
+"""Helpers for the GPU-practice tests: compose the train config with overrides and build the
+pieces in-process, small and quiet, so each practice's effect can be inspected directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from conftest import CONF
+
+# A linear-ish MLP on digits, no workers, no checkpoint or logger unless a test asks for them.
+QUICK = [
+    "model=mlp", "model.scheduler=null", "data.num_workers=0", "callbacks=none", "logger=none",
+    "trainer.max_epochs=1", "+trainer.limit_train_batches=4", "+trainer.limit_val_batches=1",
+    "+trainer.limit_test_batches=1", "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false", "+trainer.enable_checkpointing=false",
+]  # fmt: skip
+
+
+def compose_train(tmp_path: Path, *overrides: str, quick: bool = True) -> DictConfig:
+    args = [*(QUICK if quick else []), f"paths.root_dir={tmp_path}",
+            f"paths.output_dir={tmp_path}/run", *overrides]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=args)
+
+
+def build_run(cfg: DictConfig, callbacks: list[Any] = (), **model_kwargs: Any):
+    """(trainer, model, datamodule) from `cfg` as the train entry builds them."""
+    import lightning as L
+
+    from fasttrain.build import build, build_all, validate
+
+    validate(cfg)
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = build(cfg.data, "data")
+    model = build(cfg.model, "model", **model_kwargs)
+    loggers = build_all(cfg.get("logger"), "logger")
+    cbs = [*build_all(cfg.get("callbacks"), "callbacks"), *callbacks]
+    trainer = build(cfg.trainer, "trainer", callbacks=cbs, logger=loggers or False)
+    return trainer, model, datamodule

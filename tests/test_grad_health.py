@@ -1,0 +1,95 @@
+"""callbacks.grad_monitor logs gradient norms (before clipping); callbacks.nonfinite stops or skips
+a step whose gradients hold NaN; nets' `init=` changes the initial weights."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from practices import build_run, compose_train
+
+from conftest import scalars
+from fasttrain.callbacks.grad_health import NonFiniteGradientError
+from fasttrain.models.nets import MLP
+
+CPU = ["trainer.accelerator=cpu", "trainer.devices=1"]
+
+
+def test_grad_norms_in_event_file_before_clipping(tmp_path: Path) -> None:
+    cfg = compose_train(
+        tmp_path, *CPU, "logger=tensorboard", "+callbacks@callbacks.grad_monitor=none",
+        "+callbacks.grad_monitor._target_=fasttrain.callbacks.grad_health.GradNormMonitor",
+        "+callbacks.grad_monitor.every_n_steps=1", "trainer.gradient_clip_val=0.001",
+        "trainer.log_every_n_steps=1",
+    )  # fmt: skip
+    trainer, model, datamodule = build_run(cfg)
+    trainer.fit(model, datamodule=datamodule)
+    tags = scalars(tmp_path / "run")
+    layers = [t for t in tags if t.startswith("grad_norm/") and t != "grad_norm/total"]
+    assert {"grad_norm/net.layers.1.weight", "grad_norm/net.layers.1.bias"} <= set(layers)
+    assert len(tags["grad_norm/total"]) == trainer.global_step
+    # Logged before clipping: larger than the clip bound the optimizer then applied.
+    assert min(tags["grad_norm/total"]) > 0.001
+
+
+class NaNAt(MLP):
+    """Produces NaN logits on its `bad_call`-th training forward (0-based)."""
+
+    def __init__(self, *args, bad_call: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.bad_call, self.calls = bad_call, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.training:
+            self.calls += 1
+            if self.calls - 1 == self.bad_call:
+                out = out * float("nan")
+        return out
+
+
+def nan_run(tmp_path: Path, action: str):
+    cfg = compose_train(
+        tmp_path, *CPU, "+callbacks@callbacks.nonfinite=none",
+        "+callbacks.nonfinite._target_=fasttrain.callbacks.grad_health.NonFiniteGuard",
+        f"+callbacks.nonfinite.action={action}", "trainer.limit_val_batches=0",
+    )  # fmt: skip
+    net = NaNAt([1, 8, 8], 10, hidden=[16], dropout=0.0, bad_call=2)
+    return build_run(cfg, net=net)
+
+
+def test_nonfinite_raise_names_step_and_parameter(tmp_path: Path) -> None:
+    trainer, model, datamodule = nan_run(tmp_path, "raise")
+    with pytest.raises(
+        NonFiniteGradientError, match=r"step 2 \(first in parameter 'net\.layers\.1\.weight'\)"
+    ):
+        trainer.fit(model, datamodule=datamodule)
+
+
+def test_nonfinite_skip_skips_the_step_and_counts_it(tmp_path: Path) -> None:
+    trainer, model, datamodule = nan_run(tmp_path, "skip")
+    guard = next(c for c in trainer.callbacks if type(c).__name__ == "NonFiniteGuard")
+    with pytest.warns(UserWarning, match="non-finite gradient at step 2"):
+        trainer.fit(model, datamodule=datamodule)
+    assert guard.skipped == 1
+    assert trainer.callback_metrics["nonfinite/skipped"] == 1.0
+    # Training went on past the bad step and the weights stayed finite.
+    assert model.net.calls == 4
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("init", ["kaiming", "xavier"])
+def test_init_scheme_takes_effect(tmp_path: Path, init: str) -> None:
+    from fasttrain.build import build
+
+    cfg = compose_train(tmp_path, "model.net.hidden=[512]", f"model.net.init={init}")
+    net = build(cfg.model.net, "model.net")
+    w = net.layers[1].weight  # [512, 64]
+    fan_in, fan_out = w.shape[1], w.shape[0]
+    expected = math.sqrt(2 / fan_in) if init == "kaiming" else math.sqrt(2 / (fan_in + fan_out))
+    assert w.std().item() == pytest.approx(expected, rel=0.05)
+    assert torch.count_nonzero(net.layers[1].bias) == 0
+    default = build(compose_train(tmp_path).model.net, "model.net").layers[1].weight
+    assert default.std().item() != pytest.approx(expected, rel=0.05)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 
@@ -40,3 +42,15 @@ def scalars(run_dir: Path) -> dict[str, list[float]]:
     acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="session")
+def mlp_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """last.ckpt of a short CPU run (MLP on digits, 3 epochs), trained once per test session for
+    the tests that only need some trained checkpoint (export, predict)."""
+    log_dir = tmp_path_factory.mktemp("mlp_run")
+    args = ["train.py", "model=mlp", "trainer.max_epochs=3", "data.num_workers=0", "logger=none",
+            "run_name=mlp"]  # fmt: skip
+    proc = run_cli(args, log_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return log_dir / "train" / "mlp" / "checkpoints" / "last.ckpt"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,11 @@ TORCH_FORMATS = ["torchscript", "int8", "fp16"]  # no extra package needed
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    log_dir = tmp_path_factory.mktemp("logs")
-    args = ["train.py", "model=mlp", "trainer.max_epochs=3", "data.num_workers=0", "logger=none",
-            "run_name=mlp"]  # fmt: skip
-    proc = run_cli(args, log_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    path = log_dir / "train" / "mlp" / "checkpoints" / "last.ckpt"
-    assert path.is_file()
+def ckpt(mlp_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy inside its own <run>/checkpoints/, since the CLI test exports into <run>/export/."""
+    path = tmp_path_factory.mktemp("run") / "checkpoints" / "last.ckpt"
+    path.parent.mkdir()
+    shutil.copy(mlp_ckpt, path)
     return path
 
 

@@ -1,0 +1,100 @@
+"""Predict: predictions.csv for the test split (CLI) and for an .npy file; bad .npy files fail
+with one line and leave nothing behind."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from conftest import CONF, run_cli, run_dirs
+from fasttrain.deploy.predict import load_inputs
+from fasttrain.errors import UserError
+from fasttrain.export import restore
+from fasttrain.predict import predict
+
+
+def predict_cfg(ckpt: Path, tmp_path: Path, *overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("predict", overrides=[
+            f"ckpt_path={ckpt}", f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run",
+            "data.num_workers=0", *overrides,
+        ])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def test_split(mlp_ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
+    """(test inputs, labels, the eager net's logits on them)."""
+    model, datamodule = restore(predict_cfg(mlp_ckpt, tmp_path_factory.mktemp("cfg")))
+    x, y = datamodule.test_dataloader().dataset.tensors
+    with torch.no_grad():
+        return x, y, model.net.eval()(x)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_cli_predicts_the_test_split(mlp_ckpt: Path, test_split, tmp_path: Path) -> None:
+    x, y, logits = test_split
+    proc = run_cli(["-m", "fasttrain.predict", f"ckpt_path={mlp_ckpt}", "data.num_workers=0"],
+                   tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = run_dirs(tmp_path, "predict")
+    rows = read_csv(run / "predictions.csv")
+    assert list(rows[0]) == ["index", "pred", "prob", "label"] and len(rows) == len(x)
+    assert [int(r["index"]) for r in rows] == list(range(len(x)))
+    assert [int(r["pred"]) for r in rows] == logits.argmax(1).tolist()
+    assert [int(r["label"]) for r in rows] == y.tolist()
+    probs = torch.tensor([float(r["prob"]) for r in rows])
+    assert torch.allclose(probs, logits.softmax(1).max(1).values, atol=1e-5)
+    accuracy = (logits.argmax(1) == y).float().mean().item()
+    assert accuracy > 0.8 and f"accuracy {accuracy:.4f}" in proc.stdout
+
+
+def test_predict_an_npy_file(mlp_ckpt: Path, test_split, tmp_path: Path) -> None:
+    x, _, logits = test_split
+    np.save(tmp_path / "x.npy", x[:10].numpy().astype(np.float64))  # any numeric dtype works
+    out = predict(predict_cfg(mlp_ckpt, tmp_path, f"input={tmp_path}/x.npy",
+                              f"output_dir={tmp_path}/out"))  # fmt: skip
+    assert out == tmp_path / "out" / "predictions.csv"
+    rows = read_csv(out)
+    assert list(rows[0]) == ["index", "pred", "prob"] and len(rows) == 10  # no labels: no column
+    assert [int(r["pred"]) for r in rows] == logits[:10].argmax(1).tolist()
+
+
+def test_cli_wrong_shape_npy_is_one_line_and_writes_nothing(mlp_ckpt: Path, tmp_path: Path) -> None:
+    np.save(tmp_path / "flat.npy", np.zeros((5, 64), dtype=np.float32))  # flattened digits
+    proc = run_cli(["-m", "fasttrain.predict", f"ckpt_path={mlp_ckpt}",
+                    f"input={tmp_path}/flat.npy"], tmp_path / "logs")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr == (f"error: input={tmp_path}/flat.npy: shape [5, 64] does not fit the "
+                           "net: expected [N, 1, 8, 8]\n")  # fmt: skip
+    assert run_dirs(tmp_path / "logs", "predict") == []
+    assert not list((tmp_path / "logs").rglob("predictions.csv"))
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [
+        (None, "no such file"),
+        (lambda p: p.write_text("index,pred\n0,1\n"), r"not a readable \.npy array"),
+        (lambda p: np.save(p, np.array([{"a": 1}], dtype=object)), r"not a readable \.npy array"),
+        (lambda p: np.save(p, np.zeros((0, 1, 8, 8))), "holds no samples"),
+        (lambda p: np.save(p, np.full((2, 1, 8, 8), "x")), r"dtype <U1 is not numeric"),
+    ],
+    ids=["missing", "not-npy", "pickled-objects", "empty", "strings"],
+)
+def test_bad_npy_files_are_named(write, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "x.npy"
+    if write:
+        write(path)
+    with pytest.raises(UserError, match=f"^input={re.escape(str(path))}: {message}"):
+        load_inputs(path, (1, 8, 8))

@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard new-project
+.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard new-project doctor
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ new-project: ## copy this template into a new project: make new-project NAME=acm
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "usage: make new-project NAME=acme_vision DEST=../acme_vision" >&2; exit 2; }
 	@# Standard library only: works before .venv exists.
 	$(PYTHON) src/fasttrain/new_project.py create $(DEST) --package $(NAME)
+
+doctor: $(STAMP) ## check that Python, torch, CUDA, driver and GPUs fit together (ARGS=--json for JSON)
+	$(BIN)/python -m fasttrain.doctor $(ARGS)
 
 clean: ## remove run outputs and caches (keeps .venv)
 	rm -rf logs outputs multirun lightning_logs .pytest_cache .ruff_cache .mypy_cache

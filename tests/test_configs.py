@@ -34,10 +34,22 @@ SHORT = [
 ]  # fmt: skip
 
 
+def write_npy(folder: Path, n: int = 60) -> None:
+    """x.npy/y.npy as conf/data/npy.yaml expects them (digits-shaped, 10 classes)."""
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = np.random.default_rng(0)
+    np.save(folder / "x.npy", gen.standard_normal((n, 1, 8, 8)).astype(np.float32))
+    np.save(folder / "y.npy", np.arange(n) % 10)
+
+
 def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
     """Compose the config a user gets when selecting `rel` (a group option or a primary file)."""
     if rel in NEEDS_PLUGIN:
         pytest.importorskip(NEEDS_PLUGIN[rel])
+    if rel == "data/npy.yaml":  # reads files: write small ones where it looks (paths.data_dir)
+        write_npy(tmp_path / "data" / "npy")
     parts = Path(rel).with_suffix("").parts
     primary = parts[0] if len(parts) == 1 else "train"
     group, option = "/".join(parts[:-1]), parts[-1]

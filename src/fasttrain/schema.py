@@ -31,6 +31,7 @@ def validate(node: Any, path: str = "") -> None:
     if isinstance(node, DictConfig):
         if "_target_" in node:
             _check_call(node, path)
+            _check_optimizer(node, path)
         for key in node:
             if OmegaConf.is_missing(node, key):
                 raise UserError(
@@ -122,6 +123,35 @@ def _check_call(node: DictConfig, path: str) -> None:
             p = params[name]
             if p.default is p.empty and name not in given and p.kind is not p.POSITIONAL_ONLY:
                 raise UserError(f"{_join(path, name)} is required by {target}")
+
+
+def _check_optimizer(node: DictConfig, path: str) -> None:
+    """Build an optimizer factory on a dummy parameter: its range checks (lr, momentum, betas,
+    eps, ...) then fail now, naming the override, instead of inside fit() after the run began.
+
+    torch accepts lr=0 (a run that never learns); that is refused here too.
+    """
+    if not node.get("_partial_", False):
+        return
+    import torch
+
+    cls = get_object(node._target_)
+    if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
+        return
+    args = OmegaConf.to_container(node, resolve=True)
+    kwargs = {k: v for k, v in args.items() if k not in _SPECIAL_KEYS}
+    lr = kwargs.get("lr")
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr <= 0:
+        raise UserError(f"{_join(path, 'lr')}={lr!r}: expected a learning rate > 0")
+    try:
+        cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+    except (ValueError, TypeError) as err:
+        # torch names the value, not the argument ("Invalid momentum value: -0.9"): find it.
+        key = next(
+            (k for k, v in kwargs.items() if repr(v) in str(err) or str(v) in str(err)), None
+        )
+        where = f"{_join(path, key)}={kwargs[key]!r}" if key else path
+        raise UserError(f"{where}: {err} (from {node._target_})") from None
 
 
 def _is_union(annotation: Any) -> bool:

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from fasttrain import CONFIG_DIR
 from fasttrain.errors import run_task
 from fasttrain.help import print_app_help, wants_app_help
+from fasttrain.precheck import precheck
 from fasttrain.sweep import optimized_metric
 
 
@@ -68,6 +69,7 @@ def main() -> None:
     if wants_app_help(sys.argv[1:]):
         print_app_help("train", sys.argv[1:])
     else:
+        run_task(precheck, "train", sys.argv[1:])  # bad overrides: one line, nothing written
         _hydra_main()
 
 

@@ -14,6 +14,7 @@ from fasttrain.data.base import TensorDataModule, check_shape
 from fasttrain.errors import ConfigError
 
 DIGITS_SHAPE = (1, 8, 8)
+DIGITS_CLASSES = 10
 
 
 class DigitsDataModule(TensorDataModule):
@@ -39,6 +40,10 @@ class DigitsDataModule(TensorDataModule):
         )
         if check_shape(input_shape) != DIGITS_SHAPE:
             raise ConfigError("input_shape", list(input_shape), f"digits are {list(DIGITS_SHAPE)}")
+        if num_classes < DIGITS_CLASSES:  # checked now, not when the data loads inside fit()
+            raise ConfigError(
+                "num_classes", num_classes, f"digits has labels 0..9; expected >= {DIGITS_CLASSES}"
+            )
         self.num_classes = num_classes
         self.input_shape = DIGITS_SHAPE
         self.save_hyperparameters()

@@ -1,0 +1,93 @@
+"""Arrays on disk: `<path>/x.npy` (samples) and `<path>/y.npy` (integer labels).
+
+Everything that can be wrong with the files is checked when the module is built, before a run
+starts: missing or unreadable files, sample shape against `input_shape`, dtypes, lengths, and
+labels against `num_classes`. Only the headers and the labels are read then (x is memory-mapped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from fasttrain.data.base import TensorDataModule, check_shape
+from fasttrain.errors import ConfigError
+
+
+class NpyDataModule(TensorDataModule):
+    """x.npy: float or uint8 [N, *input_shape] (uint8 is scaled to [0, 1]); y.npy: int [N] in
+    [0, num_classes). Split at random into train/val/test, fixed by `seed`.
+
+    `loader` takes the loading knobs of TensorDataModule (batch_size, num_workers, ...).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        num_classes: int,
+        input_shape: Sequence[int],
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        seed: int = 42,
+        **loader: Any,
+    ) -> None:
+        super().__init__(
+            val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, **loader
+        )
+        if num_classes < 2:
+            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
+        self.path, self.num_classes = Path(path), num_classes
+        self.input_shape = check_shape(input_shape)
+        x, y = self._open("x"), self._open("y")
+        if x.dtype.kind != "f" and x.dtype != np.uint8:
+            raise ConfigError("path", path, f"x.npy holds {x.dtype}; expected float or uint8")
+        if tuple(x.shape[1:]) != self.input_shape:
+            raise ConfigError(
+                "input_shape",
+                list(input_shape),
+                f"x.npy holds samples of shape {list(x.shape[1:])}",
+            )
+        if y.ndim != 1 or y.dtype.kind not in "iu":
+            raise ConfigError(
+                "path", path, f"y.npy holds {y.dtype} {list(y.shape)}; expected 1-D integer labels"
+            )
+        if len(y) != len(x) or len(x) < 3:
+            raise ConfigError(
+                "path", path, f"x.npy has {len(x)} samples, y.npy {len(y)}; expected equal, >= 3"
+            )
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= num_classes:
+            raise ConfigError(
+                "num_classes", num_classes,
+                f"y.npy labels span {low}..{high}; expected 0..{num_classes - 1}",
+            )  # fmt: skip
+        self.save_hyperparameters()
+
+    def _open(self, name: str) -> np.ndarray:
+        file = self.path / f"{name}.npy"
+        if not file.is_file():
+            raise ConfigError(
+                "path", str(self.path), f"no {name}.npy there (expected x.npy, y.npy)"
+            )
+        try:  # no pickles: a .npy of objects could run code
+            return np.load(file, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise ConfigError(
+                "path", str(self.path), f"{name}.npy is not readable ({err})"
+            ) from None
+
+    def make_splits(self) -> dict[str, TensorDataset]:
+        x, y = np.load(self.path / "x.npy"), np.load(self.path / "y.npy")
+        xs = torch.as_tensor(x, dtype=torch.float32) / (255.0 if x.dtype == np.uint8 else 1.0)
+        ys = torch.as_tensor(y, dtype=torch.long)
+        order = torch.randperm(len(xs), generator=torch.Generator().manual_seed(self.seed))
+        n_val = max(1, int(len(xs) * self.val_fraction))
+        n_test = max(1, int(len(xs) * self.test_fraction))
+        parts = order.split([len(xs) - n_val - n_test, n_val, n_test])
+        return {name: TensorDataset(xs[idx], ys[idx]) for name, idx in
+                zip(("train", "val", "test"), parts, strict=True)}  # fmt: skip

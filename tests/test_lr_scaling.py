@@ -44,7 +44,6 @@ def test_optimizer_lr_scaled_by_effective_batch_and_logged(tmp_path: Path, rule:
     assert tags["lr/scaled"] == [pytest.approx(expected)]
 
 
-@pytest.mark.slow
 def test_lr_find_sets_the_lr_used_for_training(tmp_path: Path) -> None:
     # The range test needs a few dozen steps within the one epoch it may run.
     cfg = compose_train(tmp_path, *CPU, "model.optimizer.lr=0.123", "data.batch_size=16",

@@ -99,6 +99,21 @@ def test_weight_files_load_without_unpickling_code(torch_export) -> None:
     assert {t.dtype for t in fp16.values() if t.is_floating_point()} == {torch.float16}
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_torchscript_and_fp16_run_there(restored, tmp_path: Path) -> None:
+    net, datamodule = restored
+    example = next(iter(datamodule.test_dataloader()))[0]
+    report = export_and_verify(
+        net, [EXPORTERS["torchscript"], EXPORTERS["fp16"]], example,
+        datamodule.test_dataloader(), tmp_path, torch.device("cuda"), Tolerance(), 0.05,
+    )  # fmt: skip
+    rows = report["formats"]
+    assert rows["fp16"]["device"] == rows["torchscript"]["device"] == "cuda"
+    assert rows["fp16"]["passed"] and rows["torchscript"]["passed"], rows
+    assert rows["fp16"]["max_abs_diff"] > 0  # the weights really were halved
+
+
 def test_int8_on_a_net_without_linear_layers_says_so(restored, tmp_path: Path) -> None:
     conv_only = nn.Sequential(nn.Conv2d(1, 10, kernel_size=8), nn.Flatten())  # [B,1,8,8]->[B,10]
     report = run_export((conv_only, restored[1]), ["int8"], tmp_path)

@@ -23,6 +23,7 @@ import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from fasttrain.errors import ConfigError
 
@@ -133,7 +134,8 @@ class PerfMonitor(L.Callback):
         self._device = pl_module.device
         self._cuda = self._device.type == "cuda"
         self._world = trainer.world_size
-        self._every = max(1, trainer.log_every_n_steps)
+        # Set on the trainer at run time by Lightning's logger connector, hence unknown to mypy.
+        self._every = max(1, trainer.log_every_n_steps)  # type: ignore[attr-defined]
         self._window, self._total = _Window(), _Window()
         self._step_times = array("d")  # 8 bytes a step; median/p90 at the end
         self._mark: float | None = None  # when the current step began
@@ -186,7 +188,8 @@ class PerfMonitor(L.Callback):
             self._wait += time.perf_counter() - self._fetch_t0
             after()
 
-        loop._on_before_fetch, loop._on_after_fetch = timed_before, timed_after
+        loop._on_before_fetch = timed_before  # type: ignore[method-assign]
+        loop._on_after_fetch = timed_after  # type: ignore[method-assign]
         self._loop = loop
         return True
 
@@ -235,7 +238,7 @@ class PerfMonitor(L.Callback):
         w.steps += 1
         w.time += dt
         w.wait += self._wait
-        w.samples += extract_batch_size(batch)
+        w.samples += _batch_size(batch)
         self._wait = 0.0
         if log_now:
             self._log_window(trainer)
@@ -347,6 +350,13 @@ class PerfMonitor(L.Callback):
         Console(soft_wrap=True).print(table)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "perf_summary.json").write_text(json.dumps(s, indent=2))
+
+
+def _batch_size(batch: Any) -> int:
+    try:
+        return extract_batch_size(batch)
+    except MisconfigurationException:  # no tensor in the batch: samples/s counts batches
+        return 1
 
 
 def _p90(values: list[float]) -> float:

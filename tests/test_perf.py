@@ -9,12 +9,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
+from test_configs import compose_for
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from conftest import CONF, scalars
+from conftest import scalars
 from fasttrain.build import build
 from fasttrain.callbacks.perf import PerfMonitor, dense_peak_tflops, flops_per_sample, matmul_dtype
 from fasttrain.errors import UserError
@@ -73,22 +73,14 @@ def test_peak_tflops_must_be_positive() -> None:
         build(node, "callbacks.perf")
 
 
-def compose_train(tmp_path: Path, overrides: list[str]) -> DictConfig:
-    """The training config a user gets with `overrides`, writing under tmp_path/run."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train", overrides=[
-            f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run", *overrides
-        ])  # fmt: skip
-
-
 def test_perf_scalars_and_summary_of_a_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from fasttrain.train import train
 
     # peak_tflops enables perf/mfu on a CPU (the table only knows GPUs).
-    overrides = ["debug=limit", "trainer.log_every_n_steps=2", "callbacks.perf.peak_tflops=1"]
-    train(compose_train(tmp_path, overrides))
+    overrides = ["trainer.log_every_n_steps=2", "callbacks.perf.peak_tflops=1"]
+    train(compose_for("debug/limit.yaml", tmp_path, overrides))
     run = tmp_path / "run"
     logged = scalars(run)
     for tag in ("samples_per_sec", "step_time_ms", "data_wait_share", "cpu_util_pct", "mfu"):

@@ -1,4 +1,4 @@
-"""Test-only callback: SIGKILL the training process at a chosen step (never shipped in conf/).
+"""Test-only callback: make a training run fail at a chosen step (never shipped in conf/).
 
 Added to a run by override, with tests/ on PYTHONPATH:
     +callbacks.killer._target_=killer.Killer +callbacks.killer.at_step=7
@@ -10,6 +10,7 @@ import os
 import signal
 from typing import Any, Literal
 
+import torch
 from lightning.pytorch.callbacks import Callback
 
 
@@ -18,18 +19,42 @@ def _die(*_: Any) -> None:
 
 
 class Killer(Callback):
-    """At the end of optimizer step `at_step`: die at once ("step"), or during the next
-    checkpoint save, after its temp file is written and before it replaces the old file ("save")."""
+    """At optimizer step `at_step` (on rank `rank`, or every rank if null):
+    - "step": SIGKILL at the end of the step;
+    - "save": SIGKILL during the next checkpoint save, after its temp file is written and
+      before it replaces the old file;
+    - "term": SIGTERM, what a scheduler sends before it kills;
+    - "raise": raise an exception (a crash of this rank);
+    - "nan_grad": put a NaN into the first gradient of that step.
+    """
 
-    def __init__(self, at_step: int, mode: Literal["step", "save", "term"] = "step") -> None:
-        self.at_step, self.mode = at_step, mode
+    def __init__(
+        self,
+        at_step: int,
+        mode: Literal["step", "save", "term", "raise", "nan_grad"] = "step",
+        rank: int | None = None,
+    ) -> None:
+        self.at_step, self.mode, self.rank = at_step, mode, rank
+
+    def _due(self, trainer: Any) -> bool:
+        mine = self.rank is None or trainer.global_rank == self.rank
+        return mine and trainer.global_step == self.at_step
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self.mode == "nan_grad" and self._due(trainer):
+            with torch.no_grad():
+                next(p for p in pl_module.parameters() if p.grad is not None).grad.fill_(
+                    float("nan")
+                )
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-        if trainer.global_step != self.at_step:
+        if not self._due(trainer):
             return
         if self.mode == "save":
             os.replace = _die  # the atomic save's last act; ModelCheckpoint saves right after
         elif self.mode == "term":
-            os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends before it kills
-        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif self.mode == "raise":
+            raise RuntimeError(f"injected failure on rank {trainer.global_rank}")
+        elif self.mode == "step":
             _die()

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from fasttrain import CONFIG_DIR
 from fasttrain.errors import UserError, run_task
 from fasttrain.help import print_app_help, wants_app_help
+from fasttrain.precheck import precheck
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -51,6 +52,7 @@ def main() -> None:
     if wants_app_help(sys.argv[1:]):
         print_app_help("eval", sys.argv[1:])
     else:
+        run_task(precheck, "eval", sys.argv[1:])  # bad overrides: one line, nothing written
         _hydra_main()
 
 

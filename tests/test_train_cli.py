@@ -121,6 +121,6 @@ def test_help_is_fast_because_torch_is_not_imported() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert (
-        "data: digits, synthetic" in proc.stdout
+        "data: digits, npy, synthetic" in proc.stdout
         and "_target_: fasttrain.models.Classifier" in proc.stdout
     )

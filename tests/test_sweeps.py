@@ -67,3 +67,22 @@ def test_grid_sweep_runs_every_combination(tmp_path: Path) -> None:
     for lr in ("0.001", "0.003"):
         for seed in ("1", "2"):
             assert any(f"model.optimizer.lr={lr}" in n and f"seed={seed}" in n for n in names)
+
+
+@pytest.mark.slow
+def test_ddp_cpu_multirun_makes_one_tree_per_job(tmp_path: Path) -> None:
+    # Lightning restarts the script for rank 1 with the sweep's command line; each job's ranks
+    # must run that job only, in its folder (fasttrain.launch), and the second job must form a
+    # new process group rather than wait on the first job's.
+    args = ["train.py", "-m", "trainer=ddp_cpu", "seed=1,2", "model=mlp", "debug=limit"]
+    proc = run_cli(args, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = (tmp_path / "train" / "multirun").iterdir()
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [j.name.split("_", 1)[0] for j in jobs] == ["0", "1"]
+    assert sorted(p.name for p in tmp_path.rglob(".hydra")) == [".hydra", ".hydra"]
+    for job in jobs:
+        assert "test/acc" in final_metrics(job)
+        assert len(list((job / "tensorboard").glob("events.out.tfevents.*"))) >= 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train"]
+    assert sorted(p.name for p in (tmp_path / "train").iterdir()) == ["multirun"]

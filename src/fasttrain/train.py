@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from fasttrain import CONFIG_DIR
 from fasttrain.errors import run_task
 from fasttrain.help import print_app_help, wants_app_help
+from fasttrain.launch import rank_argv
 from fasttrain.precheck import precheck
 from fasttrain.sweep import optimized_metric
 
@@ -22,7 +23,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # Deferred: torch and Lightning load only when a run starts, so `--help` stays fast.
     import lightning as L
 
-    from fasttrain import oom, resume, tuning
+    from fasttrain import launch, oom, resume, tuning
     from fasttrain.build import build, build_all, report, validate
     from fasttrain.callbacks.hparams import log_hparams
 
@@ -40,6 +41,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
                     plugins=[resume.AtomicCheckpointIO()])  # fmt: skip
 
     if cfg.get("train", True):
+        launch.share_job_with_ranks()  # DDP ranks of a sweep job run this job, not the sweep
         tuning.tune(trainer, model, datamodule, **tuner)
         oom.fit(trainer, model, datamodule, ckpt_path, cfg.get("oom_fallback", False), resume.fit)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
@@ -69,6 +71,7 @@ def main() -> None:
     if wants_app_help(sys.argv[1:]):
         print_app_help("train", sys.argv[1:])
     else:
+        sys.argv[1:] = rank_argv(sys.argv[1:])  # a DDP rank of a sweep job: that job only
         run_task(precheck, "train", sys.argv[1:])  # bad overrides: one line, nothing written
         _hydra_main()
 

@@ -122,6 +122,22 @@ def test_sigkill_at_random_steps_and_mid_save_is_bit_exact(reference, tmp_path: 
     assert not list((run / "checkpoints").glob("*.tmp")), "stale temp files were not cleaned"
 
 
+@pytest.mark.slow
+def test_with_loader_workers_mid_epoch_and_at_epoch_end_is_bit_exact(reference, tmp_path):
+    """Worker processes draw indices ahead and keep their iterator across epochs: the resumed
+    epoch must still skip what was served, and the next one start in full, in its own order."""
+    workers = ["data.num_workers=1", "data.persistent_workers=true"]
+    run = tmp_path / "train" / "run"
+    assert killed(tmp_path, "run", at_step=8, extra=workers).returncode == -signal.SIGKILL
+    assert last_step(run) == 6  # mid-epoch 0
+    # Now saving at epoch ends only: epoch 0's end (step 10) is the newest at the kill (step 14).
+    at_epoch_ends = [*workers, "callbacks.checkpoint.every_n_train_steps=null"]
+    assert killed(tmp_path, "run", at_step=14, extra=at_epoch_ends).returncode == -signal.SIGKILL
+    assert last_step(run) == 10
+    train_in_process(tmp_path, "run", workers)
+    assert_same(weights(run), reference)  # the reference ran without workers: same numbers
+
+
 def test_resume_resolution(tmp_path: Path) -> None:
     ckpts = tmp_path / "checkpoints"
     assert checkpoint_to_resume("auto", tmp_path) is None  # a fresh run: nothing to resume

@@ -122,8 +122,8 @@ class ResumeState(Callback):
 
 
 def _last_saver(trainer: Any) -> Any:
-    """The ModelCheckpoint that writes last.ckpt, if any."""
-    return next((c for c in trainer.checkpoint_callbacks if c.save_last), None)
+    """The ModelCheckpoint that keeps the newest state (no monitor), if any."""
+    return next((c for c in trainer.checkpoint_callbacks if c.monitor is None), None)
 
 
 def _save_last(trainer: Any) -> str:

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, TensorDataset
 
 from fasttrain.data.prefetch import PREFETCHING
-from fasttrain.data.resumable import ResumableLoader
+from fasttrain.data.resumable import ResumableLoader, first_epoch
 from fasttrain.errors import ConfigError
 
 Auto = Literal["auto"]
@@ -117,7 +117,8 @@ class TensorDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         workers = self.num_workers
         # Shuffled = training: an order fixed by (seed, epoch) that resumes mid-epoch exactly.
-        loader, order = (ResumableLoader, {"seed": self.seed}) if shuffle else (DataLoader, {})
+        order = {"seed": self.seed, "epoch": first_epoch(self.trainer)}
+        loader, order = (ResumableLoader, order) if shuffle else (DataLoader, {})
         device = self._prefetch_device()
         if device is not None:
             loader, order = PREFETCHING[loader], {**order, "prefetch_to": device}

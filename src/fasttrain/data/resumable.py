@@ -24,9 +24,9 @@ class EpochShuffle(RandomSampler):
     DistributedSampler it substitutes under DDP, which follows the same convention).
     """
 
-    def __init__(self, data_source: Sized, seed: int) -> None:
+    def __init__(self, data_source: Sized, seed: int, epoch: int = 0) -> None:
         super().__init__(data_source)
-        self.seed, self.epoch = seed, 0
+        self.seed, self.epoch = seed, epoch
 
     def set_epoch(self, epoch: int) -> None:  # called by Lightning before each epoch
         self.epoch = epoch
@@ -34,6 +34,19 @@ class EpochShuffle(RandomSampler):
     def __iter__(self) -> Iterator[int]:
         gen = torch.Generator().manual_seed(self.seed + self.epoch)
         return iter(torch.randperm(len(self.data_source), generator=gen).tolist())
+
+
+def first_epoch(trainer: Any) -> int:
+    """The epoch a new training loader starts in: 0, or the one a resumed run continues with.
+
+    Lightning calls the sampler's set_epoch only after it has created the first iterator, and
+    worker processes draw their first indices at creation: the sampler must know the epoch
+    before (with workers, a run resumed at an epoch end would replay epoch 0's order).
+    `processed` counts the epochs whose batches all ran, which is the next one's index.
+    """
+    if trainer is None:
+        return 0
+    return int(trainer.fit_loop.epoch_progress.current.processed)
 
 
 class _SkipFirst:
@@ -55,25 +68,32 @@ class ResumableLoader(DataLoader):
     Skipping works on batch indices, so skipped batches are never loaded.
     """
 
-    def __init__(self, dataset: Any, seed: int, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, seed: int, epoch: int = 0, **kwargs: Any) -> None:
         # Lightning re-creates the loader with its own sampler under DDP: keep that one then.
         if kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
-            kwargs["sampler"] = EpochShuffle(dataset, seed)
+            kwargs["sampler"] = EpochShuffle(dataset, seed, epoch)
         kwargs.pop("shuffle", None)
         self._served = 0  # batches of the current epoch handed out so far
         self._skip = 0  # batches to skip on the next pass (set by load_state_dict)
+        self._skipper: _SkipFirst | None = None
         super().__init__(dataset, **kwargs)
-        self.seed = seed
+        self.seed, self.epoch = seed, epoch
 
     @property
     def _index_sampler(self) -> Iterable[Any]:
         # DataLoader's iterators draw their batches of indices from this property.
         sampler = super()._index_sampler
-        return _SkipFirst(sampler, self._skip) if self._skip else sampler
+        if not self._skip:
+            return sampler
+        self._skipper = _SkipFirst(sampler, self._skip)
+        return self._skipper
 
     def __iter__(self) -> Iterator[Any]:
         iterator = super().__iter__()  # reads _index_sampler, so the skip applies to this pass
         self._served, self._skip = self._skip, 0
+        if self._skipper is not None:
+            # A persistent-worker iterator keeps the wrapper and re-reads it every epoch.
+            self._skipper.skip, self._skipper = 0, None
         return self._count(iterator)
 
     def _count(self, iterator: Iterable[Any]) -> Iterator[Any]:

@@ -15,6 +15,7 @@ callback states. What it leaves out, and where it is handled:
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -39,8 +40,9 @@ def checkpoint_to_resume(resume: str | None, output_dir: str | Path) -> str | No
         return None
     if resume == "auto":
         folder = Path(output_dir) / "checkpoints"
-        for stale in folder.glob(".*.tmp"):  # left by a kill during a save; never complete
-            stale.unlink(missing_ok=True)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # one process cleans (DDP starts several)
+            for stale in folder.glob(".*.tmp"):  # left by a kill during a save; never complete
+                stale.unlink(missing_ok=True)
         found = sorted(folder.glob("*.ckpt"), key=lambda p: (p.stat().st_mtime, p.name == LAST))
         return str(found[-1]) if found else None
     path = Path(str(resume)).expanduser()

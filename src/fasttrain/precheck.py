@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from fasttrain import CONFIG_DIR
@@ -115,9 +116,9 @@ def _keys_at(parent: str, config_name: str, overrides: list[str]) -> list[str]:
     return []
 
 
-def _suggest(name: str, valid: list[str], prefix: str) -> str:
+def _suggest(name: str, valid: Sequence[str], prefix: str) -> str:
     close = difflib.get_close_matches(name, valid, n=1)
-    shown = ", ".join(valid[:_SHOWN]) + (", ..." if len(valid) > _SHOWN else "")
+    shown = ", ".join(list(valid)[:_SHOWN]) + (", ..." if len(valid) > _SHOWN else "")
     mean = f"did you mean {prefix}{close[0]}? " if close else ""
     return f"; {mean}valid: {shown}"
 

@@ -88,7 +88,7 @@ class ResumableLoader(DataLoader):
         self._skipper = _SkipFirst(sampler, self._skip)
         return self._skipper
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a counting generator
         iterator = super().__iter__()  # reads _index_sampler, so the skip applies to this pass
         self._served, self._skip = self._skip, 0
         if self._skipper is not None:

@@ -45,7 +45,7 @@ def build_all(group: DictConfig | None, path: str) -> list[Any]:
     """Build each named entry of a group like `callbacks:` or `logger:`; null entries skip."""
     if not group:
         return []
-    return [build(node, f"{path}.{name}") for name, node in group.items()
+    return [build(node, f"{path}.{name!s}") for name, node in group.items()
             if isinstance(node, DictConfig) and "_target_" in node]  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import difflib
 import inspect
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, cast
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -62,7 +62,7 @@ def _signature(target: str, path: str) -> tuple[dict[str, inspect.Parameter], di
     except Exception as err:
         raise UserError(f"{_join(path, '_target_')}={target}: cannot be imported ({err})") from None
     if inspect.isclass(obj) and obj.__module__.startswith("fasttrain."):
-        funcs = [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)]
+        funcs = [vars(c)["__init__"] for c in obj.__mro__ if "__init__" in vars(c)]
     else:
         funcs = [obj]
     params: dict[str, inspect.Parameter] = {}
@@ -100,7 +100,7 @@ def _check_call(node: DictConfig, path: str) -> None:
                 continue
             close = difflib.get_close_matches(str(key), named, n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; valid: {', '.join(named)}"
-            raise UserError(f"{_join(path, key)}: {target} has no argument '{key}'{hint}")
+            raise UserError(f"{_join(path, key)}: {target} has no argument '{key!s}'{hint}")
         if OmegaConf.is_missing(node, key):
             continue  # reported by validate() with the path
         child = node[key]
@@ -138,7 +138,7 @@ def _check_optimizer(node: DictConfig, path: str) -> None:
     cls = get_object(node._target_)
     if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
         return
-    args = OmegaConf.to_container(node, resolve=True)
+    args = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))  # node is a DictConfig
     kwargs = {k: v for k, v in args.items() if k not in _SPECIAL_KEYS}
     lr = kwargs.get("lr")
     if isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr <= 0:

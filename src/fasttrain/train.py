@@ -6,6 +6,7 @@ python train.py trainer.precision=16-mixed data.batch_size=128
 from __future__ import annotations
 
 import sys
+from typing import Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -28,7 +29,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from fasttrain.callbacks.hparams import log_hparams
 
     validate(cfg)
-    tuner = OmegaConf.to_container(cfg.get("tuner") or OmegaConf.create())
+    tuner = cast(dict[str, Any], OmegaConf.to_container(cfg.get("tuner") or OmegaConf.create()))
     tuning.check_tuner(**tuner)
     tuning.set_matmul_precision(cfg.get("matmul_precision"))
     ckpt_path = resume.checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)

@@ -42,9 +42,9 @@ class GradNormMonitor(L.Callback):
         logged = {"grad_norm/total": norms.pop(f"{prefix}_total", None)}
         if self.per_layer:
             logged |= {f"grad_norm/{k.removeprefix(prefix + '/')}": v for k, v in norms.items()}
-        logged = {k: v for k, v in logged.items() if v is not None}
-        if logged:
-            pl_module.log_dict(logged, on_step=True, on_epoch=False)
+        present = {k: v for k, v in logged.items() if v is not None}
+        if present:
+            pl_module.log_dict(present, on_step=True, on_epoch=False)
 
 
 class NonFiniteGradientError(FloatingPointError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -117,7 +117,8 @@ class TensorDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         workers = self.num_workers
         # Shuffled = training: an order fixed by (seed, epoch) that resumes mid-epoch exactly.
-        order = {"seed": self.seed, "epoch": first_epoch(self.trainer)}
+        order: dict[str, Any] = {"seed": self.seed, "epoch": first_epoch(self.trainer)}
+        loader: type[DataLoader[Any]]
         loader, order = (ResumableLoader, order) if shuffle else (DataLoader, {})
         device = self._prefetch_device()
         if device is not None:

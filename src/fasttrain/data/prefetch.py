@@ -64,15 +64,16 @@ class DevicePrefetch:
 
 # Defined at import time, not on demand: Lightning records the init arguments of every DataLoader
 # subclass that exists when a loader is made, which it needs to re-create it under DDP.
-class PrefetchDataLoader(DevicePrefetch, DataLoader):
+# __iter__ may return a generator, not a _BaseDataLoaderIter: for-loops and Lightning only iterate.
+class PrefetchDataLoader(DevicePrefetch, DataLoader):  # type: ignore[misc]
     pass
 
 
-class PrefetchResumableLoader(DevicePrefetch, ResumableLoader):
+class PrefetchResumableLoader(DevicePrefetch, ResumableLoader):  # type: ignore[misc]
     pass
 
 
-PREFETCHING: dict[type, type] = {
+PREFETCHING: dict[type[DataLoader[Any]], type[DataLoader[Any]]] = {
     DataLoader: PrefetchDataLoader,
     ResumableLoader: PrefetchResumableLoader,
 }

@@ -70,7 +70,8 @@ class Classifier(L.LightningModule):
         if base_batch_size < 1:
             raise ConfigError("base_batch_size", base_batch_size, "expected an int >= 1")
         if channels_last:
-            net = net.to(memory_format=torch.channels_last)  # 4-D weights only; others unchanged
+            # 4-D weights only; others unchanged. torch's stubs lack Module.to(memory_format=).
+            net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         if compile:
             net.compile()  # in place: state_dict keys stay those of the plain net
         self.net = net

@@ -51,7 +51,8 @@ class _ReplicaStep(nn.Module):
         param = next(module.parameters(), None)
         if param is not None and param.device != self.root_device:
             # An instance attribute shadows the method on this replica only (replicas are copies).
-            module.log = module.log_dict = _no_log
+            for name in ("log", "log_dict"):
+                setattr(module, name, _no_log)
         return getattr(module, self.method)(*args, **kwargs)
 
 
@@ -83,7 +84,9 @@ class DataParallelStrategy(ParallelStrategy):
         return False  # one process: no DistributedSampler, no process group
 
     @property
-    def distributed_sampler_kwargs(self) -> None:
+    # Lightning's base says dict, but Trainer.distributed_sampler_kwargs is Optional and only
+    # read when is_distributed: None is what a single-process strategy has.
+    def distributed_sampler_kwargs(self) -> None:  # type: ignore[override]
         return None
 
     def model_to_device(self) -> None:
@@ -138,8 +141,8 @@ class DataParallelStrategy(ParallelStrategy):
         with self.precision_plugin.predict_step_context():
             return self._step("predict_step", *args, **kwargs)
 
-    def reduce(self, collection: Any, *args: Any, **kwargs: Any) -> Any:
-        return reduce_replica_outputs(collection)
+    def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return reduce_replica_outputs(tensor)
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         return None

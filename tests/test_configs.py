@@ -97,7 +97,7 @@ def test_config_composes_and_instantiates(rel: str, tmp_path: Path) -> None:
         assert torch.load(blob, weights_only=True) == dict(model.hparams)
     if rel in NEEDS_CUDA and not torch.cuda.is_available():
         # The CUDA-only piece is the trainer (trainer=gpu) or a callback (debug=nvtx).
-        with pytest.raises(UserError, match="(?i)gpu"):
+        with pytest.raises(UserError, match=r"(?i)gpu"):
             build_all(cfg.get("callbacks"), "callbacks")
             build(cfg.trainer, "trainer")
         return

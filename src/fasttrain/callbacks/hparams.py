@@ -26,9 +26,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def log_hparams(
-    loggers: list[Any], params: Any, metrics: Mapping[str, float]
-) -> None:
+def log_hparams(loggers: list[Any], params: Any, metrics: Mapping[str, float]) -> None:
     """Write `params` (nested, resolved) once with the run's final `metrics` to every
     TensorBoard logger; other loggers keep what Lightning already records for them."""
     flat = flatten(params)

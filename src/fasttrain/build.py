@@ -15,14 +15,14 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from rich.console import Console
 from rich.table import Table
 
 from fasttrain.errors import ConfigError, UserError
 from fasttrain.schema import validate
 
-__all__ = ["build", "build_all", "report", "validate"]
+__all__ = ["build", "build_all", "report", "restore", "validate"]
 
 
 def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
@@ -47,6 +47,41 @@ def build_all(group: DictConfig | None, path: str) -> list[Any]:
         return []
     return [build(node, f"{path}.{name!s}") for name, node in group.items()
             if isinstance(node, DictConfig) and "_target_" in node]  # fmt: skip
+
+
+def restore(cfg: DictConfig) -> tuple[Any, Any]:
+    """(Classifier in eval mode, set-up data module) for `cfg.ckpt_path`: the entry points that
+    start from a checkpoint (evaluate, export, predict) share it. The data split comes from the
+    checkpoint (seed, fractions, ...), so the test set is the one the run was tested on; loader
+    knobs stay this machine's."""
+    from fasttrain.checkpoint import load_classifier
+    from fasttrain.data.base import LOADER_ARGS
+
+    model, data_hparams = load_classifier(cfg.ckpt_path)
+    with open_dict(cfg.data):
+        for key, value in data_hparams.items():
+            if key in cfg.data and key not in LOADER_ARGS:
+                cfg.data[key] = value
+    validate(cfg)
+    datamodule = build(cfg.data, "data")
+    net_shape = model.hparams["net"].get("input_shape")
+    data_shape = getattr(datamodule, "input_shape", None)
+    if net_shape is not None and data_shape is not None and list(net_shape) != list(data_shape):
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path}: its net takes inputs {list(net_shape)} but "
+            f"data ({cfg.data._target_}) gives {list(data_shape)}; select the data group the "
+            "checkpoint was trained on (data=...)"
+        )
+    if model.hparams["num_classes"] != getattr(
+        datamodule, "num_classes", model.hparams["num_classes"]
+    ):
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path}: {model.hparams['num_classes']} classes, but data has "
+            f"{datamodule.num_classes}; select the data group the checkpoint was trained on"
+        )
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    return model, datamodule
 
 
 @rank_zero_only

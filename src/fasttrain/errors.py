@@ -75,3 +75,11 @@ def run_task(task: Callable[..., T], *args: Any, run_dirs: tuple[str, str] | Non
             discard_run_dir(*run_dirs)
         print(f"error: {err}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+
+
+def require_ckpt(cfg: Any, entry: str) -> None:
+    """The entry points that start from a checkpoint (evaluate, export, predict) need one."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.ckpt_path:
+        raise UserError(f"ckpt_path is required: python -m fasttrain.{entry} ckpt_path=PATH.ckpt")

@@ -9,33 +9,22 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from fasttrain import CONFIG_DIR
-from fasttrain.errors import UserError, run_task
+from fasttrain.errors import require_ckpt, run_task
 from fasttrain.help import print_app_help, wants_app_help
 from fasttrain.precheck import precheck
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.ckpt_path:
-        raise UserError("ckpt_path is required: python -m fasttrain.evaluate ckpt_path=PATH.ckpt")
+    require_ckpt(cfg, "evaluate")
     import lightning as L
 
-    from fasttrain.build import build, report, validate
-    from fasttrain.checkpoint import load_classifier
-    from fasttrain.data.base import LOADER_ARGS
+    from fasttrain.build import build, report, restore
 
-    model, data_hparams = load_classifier(cfg.ckpt_path)
-    # The split comes from the checkpoint (seed, fractions, ...) so the test set is the one the
-    # run was tested on; loader knobs stay this machine's.
-    with open_dict(cfg.data):
-        for key, value in data_hparams.items():
-            if key in cfg.data and key not in LOADER_ARGS:
-                cfg.data[key] = value
-    validate(cfg)
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = build(cfg.data, "data")
+    model, datamodule = restore(cfg)
     trainer = build(cfg.trainer, "trainer", logger=False)
     results = trainer.test(model, datamodule=datamodule)
     metrics = dict(results[0]) if results else {}

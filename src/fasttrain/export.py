@@ -12,60 +12,18 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from fasttrain import CONFIG_DIR
-from fasttrain.errors import UserError, run_task
+from fasttrain.errors import UserError, require_ckpt, run_task
 from fasttrain.help import print_app_help, wants_app_help
 
 
-def require_ckpt(cfg: DictConfig) -> None:
-    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.ckpt_path:
-        raise UserError(
-            f"ckpt_path is required: python -m fasttrain.{cfg.task_name} ckpt_path=PATH"
-        )
-
-
-def restore(cfg: DictConfig) -> tuple[Any, Any]:
-    """(Classifier in eval mode, set-up data module) for `cfg.ckpt_path`, as evaluate rebuilds
-    them: the data split comes from the checkpoint, loader knobs stay this machine's."""
-    require_ckpt(cfg)
-    from fasttrain.build import build, validate
-    from fasttrain.checkpoint import load_classifier
-    from fasttrain.data.base import LOADER_ARGS
-
-    model, data_hparams = load_classifier(cfg.ckpt_path)
-    with open_dict(cfg.data):
-        for key, value in data_hparams.items():
-            if key in cfg.data and key not in LOADER_ARGS:
-                cfg.data[key] = value
-    validate(cfg)
-    datamodule = build(cfg.data, "data")
-    net_shape = model.hparams["net"].get("input_shape")
-    data_shape = getattr(datamodule, "input_shape", None)
-    if net_shape is not None and data_shape is not None and list(net_shape) != list(data_shape):
-        raise UserError(
-            f"ckpt_path={cfg.ckpt_path}: its net takes inputs {list(net_shape)} but "
-            f"data ({cfg.data._target_}) gives {list(data_shape)}; select the data group the "
-            "checkpoint was trained on (data=...)"
-        )
-    if model.hparams["num_classes"] != getattr(
-        datamodule, "num_classes", model.hparams["num_classes"]
-    ):
-        raise UserError(
-            f"ckpt_path={cfg.ckpt_path}: {model.hparams['num_classes']} classes, but data has "
-            f"{datamodule.num_classes}; select the data group the checkpoint was trained on"
-        )
-    datamodule.prepare_data()
-    datamodule.setup("test")
-    return model, datamodule
-
-
 def export(cfg: DictConfig) -> dict[str, Any]:
-    require_ckpt(cfg)
+    require_ckpt(cfg, "export")
     import torch
 
-    from fasttrain.build import build
+    from fasttrain.build import build, restore
     from fasttrain.deploy import export_and_verify, resolve_device, run_dir_of, select
 
     # Every argument is checked before the checkpoint is read, and that before a file is written.

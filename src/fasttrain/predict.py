@@ -14,15 +14,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from fasttrain import CONFIG_DIR
-from fasttrain.errors import run_task
-from fasttrain.export import require_ckpt, restore
+from fasttrain.errors import require_ckpt, run_task
 from fasttrain.help import print_app_help, wants_app_help
 
 
 def predict(cfg: DictConfig) -> Path:
-    require_ckpt(cfg)
+    require_ckpt(cfg, "predict")
     from rich.console import Console
 
+    from fasttrain.build import restore
     from fasttrain.deploy import resolve_device, torch_runner
     from fasttrain.deploy.predict import load_inputs, predict, write_predictions
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -238,11 +239,9 @@ def process_times(reps: int, out: Path) -> dict[str, Any]:
             "test=false", "+callbacks.timeline._target_=timeline.Timeline",
             f"+callbacks.timeline.path={stamps}",
         ]  # fmt: skip
-        env = {
-            "PYTHONPATH": str(ROOT / "bench"),
-            "PATH": "/usr/bin:/bin",
-            "CUDA_VISIBLE_DEVICES": "",
-        }
+        # bench/ on the path for the Timeline callback; the rest as the caller has it.
+        path = os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
         subprocess.run(cmd, cwd=ROOT, capture_output=True, check=True, env=env)
         t = json.loads(stamps.read_text())
         phases["imports_and_compose_s"].append(t["built"] - t0)
@@ -258,7 +257,7 @@ def machine() -> dict[str, Any]:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())  # fmt: skip
     return {
-        "cpu": cpu, "logical_cpus": len(__import__("os").sched_getaffinity(0)),
+        "cpu": cpu, "logical_cpus": len(os.sched_getaffinity(0)),
         "python": platform.python_version(), "torch": torch.__version__,
         "lightning": lightning.__version__, "threads": 1,
     }  # fmt: skip

@@ -19,6 +19,9 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """`python <args> paths.log_dir=<log_dir>` (from the repository root by default), no GPU."""
     full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}
+    if "PYTHONPATH" in env and os.environ.get("PYTHONPATH"):
+        # extend, not replace: a generated project's tests find its package through it
+        full_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.environ["PYTHONPATH"]])
     full_env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, *args, f"paths.log_dir={log_dir}"],

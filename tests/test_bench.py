@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ def test_overhead_benchmark_smoke() -> None:
     proc = subprocess.run(
         [sys.executable, "bench/overhead.py", "--smoke"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
-        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout[proc.stdout.index("{") :])
@@ -36,7 +37,7 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, "bench/gpu_bench.py", "--smoke", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=900,
-        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "gpu_results.json").read_text())

@@ -109,6 +109,8 @@ def test_non_empty_destination_is_refused(tmp_path: Path) -> None:
 
 def test_copier_copy_gives_the_same_project(tmp_path: Path) -> None:
     pytest.importorskip("copier")
+    if not (REPO / "copier.yml").is_file():
+        pytest.skip("a project generated from the template is not a copier template itself")
     copier = [sys.executable, "-m", "copier", "copy", "--trust", "--defaults", "--vcs-ref", "HEAD"]
     dest = tmp_path / NEW
     proc = subprocess.run(

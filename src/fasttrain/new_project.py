@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 TEMPLATE = "fasttrain"  # the package name this copy carries; `rename` replaces it
+# Its distribution name (pyproject, scripts, README title): the package name with hyphens, as
+# `rename` writes it, so a generated project can itself be copied again.
+TEMPLATE_PROJECT = TEMPLATE.replace("_", "-")
 ROOT = Path(__file__).resolve().parents[2]
 # Never copied: run outputs, environments, caches, the template's own history and copier file.
 EXCLUDE = {".git", ".venv", "logs", "outputs", "multirun", "lightning_logs", "__pycache__",
@@ -51,9 +54,9 @@ def copy_tree(src: Path, dest: Path) -> None:
 
 
 def _replace(text: str, package: str, project: str) -> str:
-    text = re.sub(rf"^# {TEMPLATE}\b", f"# {project}", text, flags=re.M)  # README title
-    text = re.sub(rf'^name = "{TEMPLATE}"', f'name = "{project}"', text, flags=re.M)  # pyproject
-    text = re.sub(rf"\b{TEMPLATE}-(\w)", rf"{project}-\1", text)  # console scripts
+    text = re.sub(rf"^# {TEMPLATE_PROJECT}\b", f"# {project}", text, flags=re.M)  # README title
+    text = re.sub(rf'^name = "{TEMPLATE_PROJECT}"', f'name = "{project}"', text, flags=re.M)
+    text = re.sub(rf"\b{TEMPLATE_PROJECT}-(\w)", rf"{project}-\1", text)  # console scripts
     text = text.replace(TEMPLATE.upper(), package.upper())  # env vars (FASTTRAIN_ROOT)
     return text.replace(TEMPLATE, package)
 

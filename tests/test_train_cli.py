@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,15 @@ def test_help_is_fast_because_torch_is_not_imported() -> None:
         "data: digits, npy, synthetic" in proc.stdout
         and "_target_: fasttrain.models.Classifier" in proc.stdout
     )
+
+
+def test_plain_command_from_an_empty_folder_puts_runs_under_its_logs(tmp_path: Path) -> None:
+    # No paths.* override: the run dir is derived from the launch folder (${hydra:runtime.cwd}),
+    # as with `make train`; the command-line check must resolve it the same way Hydra does.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "debug=fast_dev_run", "run_name=plain"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "logs" / "train" / "plain" / "metrics.json").is_file()

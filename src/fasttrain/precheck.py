@@ -60,11 +60,15 @@ def _compose(config_name: str, overrides: list[str], hydra: bool = False) -> Any
 def _as_in_a_run(cfg: Any) -> None:
     """Fill what Hydra fills when a run starts, so `${hydra:runtime.*}` values resolve."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
+    from omegaconf import open_dict, read_write
 
     with open_dict(cfg):
         cfg.hydra.runtime.cwd = os.getcwd()
-        cfg.hydra.runtime.output_dir = cfg.hydra.run.dir
+    # The run dir may itself need `${hydra:runtime.cwd}` (paths.root_dir): set that first.
+    HydraConfig.instance().set_config(cfg)
+    run_dir = cfg.hydra.run.dir
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
 
 

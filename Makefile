@@ -66,7 +66,7 @@ tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006); ev
 new-project: ## copy this template into a new project: make new-project NAME=acme_vision DEST=../acme_vision
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "usage: make new-project NAME=acme_vision DEST=../acme_vision" >&2; exit 2; }
 	@# Standard library only: works before .venv exists.
-	$(PYTHON) src/fasttrain/new_project.py create $(DEST) --package $(NAME)
+	$(PYTHON) src/fasttrain/tools/new_project.py create $(DEST) --package $(NAME)
 
 doctor: $(STAMP) ## check that Python, torch, CUDA, driver and GPUs fit together (ARGS=--json for JSON)
 	$(BIN)/python -m fasttrain.doctor $(ARGS)

@@ -1,5 +1,5 @@
 """GPU throughput, AMP speedup, transformer MFU and data-wait share, through the template's own
-override surface (composed from conf/, built by fasttrain.build), so the numbers are what a user
+override surface (composed from conf/, built by fasttrain.assemble), so the numbers are what a user
 of `python train.py ...` gets.
 
     python bench/gpu_bench.py --out bench/results/gpu   # on a CUDA machine (bench/gpu_check.sh)
@@ -76,7 +76,7 @@ def window_timer(warmup: int, measured: int, result: dict[str, float]):
 
 def fit_window(model, batches, warmup: int, measured: int, trainer_cfg, precision: str) -> float:
     """Seconds for `measured` optimizer steps after `warmup` ones, through Lightning's loop."""
-    from fasttrain.build import build
+    from fasttrain.assemble import build
 
     result: dict[str, float] = {}
     trainer = build(
@@ -115,7 +115,7 @@ CONV_VARIANTS = [  # (label, precision, matmul_precision, channels_last, compile
 def bench_conv(out: Path, smoke: bool, device: str) -> dict[str, Any]:
     import torch
 
-    from fasttrain.build import build
+    from fasttrain.assemble import build
 
     batch, shape = (8, [3, 16, 16]) if smoke else (256, [3, 32, 32])
     widths, blocks = ([8, 16], [1, 1]) if smoke else ([64, 128, 256, 512], [2, 2, 2, 2])

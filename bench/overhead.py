@@ -155,7 +155,7 @@ def compose_default(case: dict, steps: int, out: Path, with_perf: bool):
 
 
 def run_c(case: dict, net0, steps: int, timer: StepTimer, out: Path, with_perf: bool) -> float:
-    from fasttrain.build import build, build_all
+    from fasttrain.assemble import build, build_all
 
     cfg = compose_default(case, steps, out, with_perf)
     model = build(cfg.model, "model", net=copy.deepcopy(net0))

@@ -1,5 +1,6 @@
 """Helpers for the GPU-practice tests: compose the train config with overrides and build the
-pieces in-process, small and quiet, so each practice's effect can be inspected directly."""
+pieces in-process with the train task's own `build_run`, small and quiet, so each practice's
+effect can be inspected directly."""
 
 from __future__ import annotations
 
@@ -28,16 +29,7 @@ def compose_train(tmp_path: Path, *overrides: str, quick: bool = True) -> DictCo
 
 
 def build_run(cfg: DictConfig, callbacks: list[Any] = (), **model_kwargs: Any):
-    """(trainer, model, datamodule) from `cfg` as the train entry builds them."""
-    import lightning as L
+    """(trainer, model, datamodule) from `cfg`, exactly as the train task builds them."""
+    from fasttrain.assemble import build_run as assemble
 
-    from fasttrain.build import build, build_all, validate
-
-    validate(cfg)
-    L.seed_everything(cfg.seed, workers=True)
-    datamodule = build(cfg.data, "data")
-    model = build(cfg.model, "model", **model_kwargs)
-    loggers = build_all(cfg.get("logger"), "logger")
-    cbs = [*build_all(cfg.get("callbacks"), "callbacks"), *callbacks]
-    trainer = build(cfg.trainer, "trainer", callbacks=cbs, logger=loggers or False)
-    return trainer, model, datamodule
+    return assemble(cfg, callbacks, **model_kwargs)

@@ -69,7 +69,7 @@ def other_model_checkpoint(tmp_path: Path) -> str:
     from hydra import compose, initialize_config_dir
 
     from conftest import CONF
-    from fasttrain.build import build
+    from fasttrain.assemble import build
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=["model=cnn"])
@@ -202,7 +202,7 @@ def test_command_line(overrides: list[str], expected: str, tmp_path: Path) -> No
 def test_hydra_full_error_lets_the_exception_through(override: str, tmp_path: Path, monkeypatch):
     """HYDRA_FULL_ERROR=1: the exception propagates (Python prints its traceback), before Hydra
     starts and inside the run alike."""
-    from fasttrain.errors import UserError
+    from fasttrain.config.errors import UserError
     from fasttrain.train import main
 
     argv = ["train.py", override, f"paths.log_dir={tmp_path}"]

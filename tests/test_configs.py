@@ -11,8 +11,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from conftest import CONF
-from fasttrain.build import build, build_all, validate
-from fasttrain.errors import UserError
+from fasttrain.assemble import build, build_all
+from fasttrain.config.errors import UserError
+from fasttrain.config.schema import validate
 
 # Configs that ask for a CUDA device: without one they must fail with a clear error instead.
 NEEDS_CUDA = {"trainer/gpu.yaml", "debug/nvtx.yaml", "trainer/ddp.yaml", "trainer/fsdp.yaml"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fasttrain.config.errors import ConfigError
 from fasttrain.data import DigitsDataModule, SyntheticDataModule, resolve_num_workers
 from fasttrain.data import base as data_base
-from fasttrain.errors import ConfigError
 
 
 def splits(dm) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from fasttrain import doctor
 from fasttrain.data import resolve_num_workers
+from fasttrain.tools import doctor
 
 
 def cpu_report(**changes: object) -> dict:

@@ -16,9 +16,9 @@ from omegaconf import DictConfig
 from torch import nn
 
 from conftest import CONF, run_cli, run_dirs
-from fasttrain.build import restore
+from fasttrain.assemble import restore
+from fasttrain.config.errors import UserError
 from fasttrain.deploy import EXPORTERS, Tolerance, atomic_path, export_and_verify, failures, select
-from fasttrain.errors import UserError
 from fasttrain.export import export
 
 ROW_FIELDS = {"file", "size_bytes", "max_abs_diff", "agreement", "accuracy", "samples", "device",

@@ -12,7 +12,7 @@ import pytest
 import torch
 from practices import build_run, compose_train
 
-from fasttrain import oom
+from fasttrain import fit
 from fasttrain.models.nets import MLP
 
 pytestmark = [
@@ -93,7 +93,7 @@ def test_oom_fallback_on_a_real_cuda_oom(tmp_path: Path) -> None:
                         "data.input_shape=[1,8,8]", f"data.num_samples={4 * batch}")  # fmt: skip
     net = AllocatesPerSample([1, 8, 8], 10, hidden=[16], mib=1024)
     trainer, model, datamodule = build_run(cfg, net=net)
-    oom.fit(trainer, model, datamodule, enabled=True)
+    fit.fit(trainer, model, datamodule, oom_fallback=True)
     ran = datamodule.batch_size
     assert ran * per_sample < free and ran < batch
     assert trainer.accumulate_grad_batches * ran == batch  # effective batch kept

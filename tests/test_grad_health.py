@@ -82,7 +82,7 @@ def test_nonfinite_skip_skips_the_step_and_counts_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("init", ["kaiming", "xavier"])
 def test_init_scheme_takes_effect(tmp_path: Path, init: str) -> None:
-    from fasttrain.build import build
+    from fasttrain.assemble import build
 
     cfg = compose_train(tmp_path, "model.net.hidden=[512]", f"model.net.init={init}")
     net = build(cfg.model.net, "model.net")

@@ -11,8 +11,8 @@ import pytest
 from practices import build_run, compose_train
 
 from conftest import scalars
+from fasttrain.fit import tune
 from fasttrain.models.classifier import scale_lr
-from fasttrain.tuning import tune
 
 CPU = ["trainer.accelerator=cpu", "trainer.devices=1"]
 

@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
-from fasttrain.checkpoint import load_classifier, spec_of
-from fasttrain.errors import ConfigError, UserError
+from fasttrain.checkpoints.load import load_classifier
+from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.models import Classifier
 from fasttrain.models.nets import MLP, ResNet, SmallCNN
+from fasttrain.models.spec import spec_of
 
 
 @pytest.mark.parametrize("net_cls", [MLP, SmallCNN, ResNet])

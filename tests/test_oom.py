@@ -9,7 +9,7 @@ import pytest
 import torch
 from practices import build_run, compose_train
 
-from fasttrain import oom
+from fasttrain import fit
 from fasttrain.models.nets import MLP
 
 
@@ -33,12 +33,12 @@ def run(tmp_path: Path, limit: int, enabled: bool = True):
                         "data.batch_size=32", "trainer.limit_train_batches=8")  # fmt: skip
     net = RunsOutAbove([1, 8, 8], 10, hidden=[16], limit=limit)
     trainer, model, datamodule = build_run(cfg, net=net)
-    oom.fit(trainer, model, datamodule, enabled=enabled)
+    fit.fit(trainer, model, datamodule, oom_fallback=enabled)
     return trainer, datamodule, net
 
 
 def test_halves_batch_doubles_accumulation_and_continues(tmp_path: Path, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="fasttrain.oom"):
+    with caplog.at_level(logging.WARNING, logger="fasttrain.fit"):
         trainer, datamodule, net = run(tmp_path, limit=8)
     assert datamodule.batch_size == 8 and trainer.accumulate_grad_batches == 4
     assert set(net.sizes) == {8}  # every step that ran used the batch that fits
@@ -51,7 +51,7 @@ def test_halves_batch_doubles_accumulation_and_continues(tmp_path: Path, caplog)
 
 
 def test_gives_up_at_batch_size_1(tmp_path: Path) -> None:
-    with pytest.raises(oom.OutOfMemoryFallbackError, match="out of memory at batch size 1"):
+    with pytest.raises(fit.OutOfMemoryFallbackError, match="out of memory at batch size 1"):
         run(tmp_path, limit=0)
 
 

@@ -15,9 +15,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import scalars
-from fasttrain.build import build
+from fasttrain.assemble import build
 from fasttrain.callbacks.perf import PerfMonitor, dense_peak_tflops, flops_per_sample, matmul_dtype
-from fasttrain.errors import UserError
+from fasttrain.config.errors import UserError
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -32,7 +32,7 @@ def fit_with_probe(tmp_path: Path, *overrides: str, plugins: list | None = None)
     probe = AutocastProbe([1, 8, 8], 10, hidden=[16])
     trainer, model, datamodule = build_run(cfg, net=probe)
     if plugins:  # a precision plugin instance stands in for the `precision` flag
-        from fasttrain.build import build
+        from fasttrain.assemble import build
 
         trainer = build(cfg.trainer, "trainer", logger=False, plugins=plugins, precision=None)
     trainer.fit(model, datamodule=datamodule)

@@ -14,9 +14,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from conftest import CONF, run_cli, run_dirs
-from fasttrain.build import restore
+from fasttrain.assemble import restore
+from fasttrain.config.errors import UserError
 from fasttrain.deploy.predict import load_inputs
-from fasttrain.errors import UserError
 from fasttrain.predict import predict
 
 

@@ -13,8 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF, REPO, run_cli
-from fasttrain.errors import UserError
-from fasttrain.resume import checkpoint_to_resume
+from fasttrain.checkpoints.resume import checkpoint_to_resume
+from fasttrain.config.errors import UserError
 
 # 10 batches per epoch (digits train split / 128), 2 epochs = 20 optimizer steps, last.ckpt every
 # 3 steps. Deterministic, one process, no workers; test=false: only the fit is compared.

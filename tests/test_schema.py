@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from fasttrain.errors import UserError
-from fasttrain.schema import validate
+from fasttrain.config.errors import UserError
+from fasttrain.config.schema import validate
 
 
 def check(node: dict) -> None:

@@ -11,7 +11,7 @@ import torch
 from practices import build_run, compose_train
 
 from conftest import run_cli, run_dirs
-from fasttrain.errors import UserError
+from fasttrain.config.errors import UserError
 
 CPU = ["trainer.accelerator=cpu", "trainer.devices=1"]
 
@@ -41,7 +41,7 @@ def test_channels_last_converts_net_and_inputs(tmp_path: Path) -> None:
 
 
 def test_compile_compiles_the_net_not_the_module(tmp_path: Path) -> None:
-    from fasttrain.build import build
+    from fasttrain.assemble import build
 
     model = build(compose_train(tmp_path, "model.compile=true").model, "model")
     assert model.net._compiled_call_impl is not None  # nn.Module.compile(): in place
@@ -100,7 +100,7 @@ def test_prefetch_delivers_batches_on_the_gpu() -> None:
 
 
 def test_matmul_precision_and_benchmark_are_applied(tmp_path: Path) -> None:
-    from fasttrain.tuning import set_matmul_precision
+    from fasttrain.fit import set_matmul_precision
 
     before = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
     try:

@@ -12,13 +12,13 @@ import torch
 from practices import compose_train
 
 from conftest import final_metrics, run_cli, run_dirs, scalars
-from fasttrain.strategies import DataParallelStrategy, reduce_replica_outputs
-from fasttrain.strategies.dp import _ReplicaStep
+from fasttrain.distributed import DataParallelStrategy, reduce_replica_outputs
+from fasttrain.distributed.dp import _ReplicaStep
 
 
 def full_split_accuracy(ckpt: str, split: str, precision: torch.dtype | None) -> float:
     """Accuracy of a checkpoint on the whole split, in this one process."""
-    from fasttrain.checkpoint import load_classifier
+    from fasttrain.checkpoints.load import load_classifier
     from fasttrain.data import DigitsDataModule
 
     model, _ = load_classifier(ckpt)
@@ -124,7 +124,7 @@ def test_dp_on_cpu_says_so_and_trains(tmp_path: Path, caplog) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA device")
 def test_ddp_and_dp_configs_build_on_gpu(tmp_path: Path) -> None:
-    from fasttrain.build import build
+    from fasttrain.assemble import build
 
     for name in ("ddp", "dp", "fsdp"):
         cfg = compose_train(tmp_path, f"trainer={name}", "trainer.devices=1")

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from conftest import final_metrics, run_cli
-from fasttrain.errors import UserError
-from fasttrain.sweep import optimized_metric
+from fasttrain.cli import optimized_metric
+from fasttrain.config.errors import UserError
 
 SHORT = ["trainer.max_epochs=1", "data.num_workers=0", "data.batch_size=256"]
 
@@ -72,8 +72,8 @@ def test_grid_sweep_runs_every_combination(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_ddp_cpu_multirun_makes_one_tree_per_job(tmp_path: Path) -> None:
     # Lightning restarts the script for rank 1 with the sweep's command line; each job's ranks
-    # must run that job only, in its folder (fasttrain.launch), and the second job must form a
-    # new process group rather than wait on the first job's.
+    # must run that job only, in its folder (fasttrain.distributed.multirun), and the second job
+    # must form a new process group rather than wait on the first job's.
     args = ["train.py", "-m", "trainer=ddp_cpu", "seed=1,2", "model=mlp", "debug=limit"]
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

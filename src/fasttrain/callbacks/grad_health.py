@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import grad_norm, rank_zero_warn
 
-from fasttrain.errors import ConfigError
+from fasttrain.config.errors import ConfigError
 
 
 class GradNormMonitor(L.Callback):

@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from fasttrain.errors import ConfigError
+from fasttrain.config.errors import ConfigError
 
 GB = 1e9
 

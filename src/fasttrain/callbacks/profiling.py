@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.hooks import RemovableHandle
 
-from fasttrain.errors import UserError
+from fasttrain.config.errors import UserError
 
 log = logging.getLogger(__name__)
 

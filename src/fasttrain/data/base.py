@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -11,9 +10,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, TensorDataset
 
+from fasttrain.config.errors import ConfigError
 from fasttrain.data.prefetch import PREFETCHING
 from fasttrain.data.resumable import ResumableLoader, first_epoch
-from fasttrain.errors import ConfigError
 
 Auto = Literal["auto"]
 # Knobs that tune loading speed on this machine but never change which samples a split holds.
@@ -23,7 +22,7 @@ LOADER_ARGS = (
 )  # fmt: skip
 
 
-def _cpu_count() -> int:
+def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))  # respects taskset/cgroup limits, unlike cpu_count()
     except AttributeError:
@@ -37,7 +36,7 @@ def resolve_num_workers(num_workers: int | Auto) -> int:
     because it runs the optimizer step and (on GPU) launches kernels.
     """
     if num_workers == "auto":
-        return max(0, min(8, _cpu_count() - 1))
+        return max(0, min(8, cpu_count() - 1))
     return num_workers
 
 
@@ -46,13 +45,6 @@ def resolve_pin_memory(pin_memory: bool | Auto) -> bool:
     if pin_memory == "auto":
         return torch.cuda.is_available()
     return pin_memory
-
-
-def check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
-    shape = tuple(input_shape)
-    if not shape or any(not isinstance(d, int) or d < 1 for d in shape):
-        raise ConfigError("input_shape", list(shape), "expected a non-empty list of ints >= 1")
-    return shape
 
 
 class TensorDataModule(L.LightningDataModule):

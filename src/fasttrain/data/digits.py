@@ -10,8 +10,8 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
-from fasttrain.data.base import TensorDataModule, check_shape
-from fasttrain.errors import ConfigError
+from fasttrain.config.errors import ConfigError, check_shape
+from fasttrain.data.base import TensorDataModule
 
 DIGITS_SHAPE = (1, 8, 8)
 DIGITS_CLASSES = 10

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
-from fasttrain.data.base import TensorDataModule, check_shape
-from fasttrain.errors import ConfigError
+from fasttrain.config.errors import ConfigError, check_shape
+from fasttrain.data.base import TensorDataModule
 
 
 class SyntheticDataModule(TensorDataModule):

@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal, get_args
 import torch
 from torch import nn
 
-from fasttrain.checkpoint import spec_of
-from fasttrain.errors import UserError
+from fasttrain.config.errors import UserError
+from fasttrain.models.spec import spec_of
 
 Format = Literal["onnx", "torchscript", "int8", "fp16"]
 FORMATS: tuple[str, ...] = get_args(Format)

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fasttrain.config.errors import UserError
 from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import Runner
-from fasttrain.errors import UserError
 
 
 def load_inputs(path: str | Path, input_shape: Sequence[int], key: str = "input") -> torch.Tensor:

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from fasttrain.config.errors import UserError
 from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import EXPORTERS, Exporter, torch_runner
 from fasttrain.deploy.verify import Tolerance, print_report, verify, write_report
-from fasttrain.errors import UserError
 
 REPORT_NAME = "export_report.json"
 

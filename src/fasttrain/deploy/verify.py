@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
+from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import Criterion, Runner, torch_runner
-from fasttrain.errors import ConfigError, UserError
 
 LATENCY_BATCHES = (1, 64)
 

@@ -14,8 +14,8 @@ from torch import nn
 from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from fasttrain.checkpoint import spec_of
-from fasttrain.errors import ConfigError
+from fasttrain.config.errors import ConfigError
+from fasttrain.models.spec import spec_of
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]

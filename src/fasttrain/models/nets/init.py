@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from torch import nn
 
-from fasttrain.errors import ConfigError
+from fasttrain.config.errors import ConfigError
 
 InitScheme = Literal["default", "kaiming", "xavier"]
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)

@@ -12,8 +12,7 @@ import torch
 from lightning.pytorch.core.mixins import HyperparametersMixin
 from torch import nn
 
-from fasttrain.data.base import check_shape
-from fasttrain.errors import ConfigError
+from fasttrain.config.errors import ConfigError, check_shape
 from fasttrain.models.nets.init import InitScheme, init_weights
 
 

@@ -1,7 +1,7 @@
 """Copy this template into a new project under a new package name: the one place that knows how.
 
     make new-project NAME=acme_vision DEST=../acme_vision
-    python src/fasttrain/new_project.py create ../acme_vision --package acme_vision
+    python src/fasttrain/tools/new_project.py create ../acme_vision --package acme_vision
     copier copy --trust <this repo> ../acme_vision   (copier.yml runs `rename` after copying)
 
 Standard library only, so it runs before any environment exists.
@@ -21,7 +21,7 @@ TEMPLATE = "fasttrain"  # the package name this copy carries; `rename` replaces 
 # Its distribution name (pyproject, scripts, README title): the package name with hyphens, as
 # `rename` writes it, so a generated project can itself be copied again.
 TEMPLATE_PROJECT = TEMPLATE.replace("_", "-")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # src/<package>/tools/new_project.py
 # Never copied: run outputs, environments, caches, the template's own history and copier file.
 EXCLUDE = {".git", ".venv", "logs", "outputs", "multirun", "lightning_logs", "__pycache__",
            ".pytest_cache", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints", "build", "dist",

@@ -1,10 +1,11 @@
 """Check a composed config against the signatures of the classes it names.
 
-Constructor signatures are the schema (shared/DESIGN.md, principle 4): every node with a
+Constructor signatures are the schema: every node with a
 `_target_` is checked before anything is built — unknown keys (with a "did you mean"), missing
 required arguments, and values whose type does not fit the annotation, e.g.
 `trainer.precision=17: expected one of 64, 32, 16, '16-mixed', ...`. Value ranges are the
 constructors' own business (they raise ConfigError); this module only needs the annotations.
+The top-level keys of each entry config have signatures too (fasttrain.config.settings).
 """
 
 from __future__ import annotations
@@ -19,15 +20,19 @@ from typing import Any, Literal, Union, cast
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from fasttrain.errors import UserError
+from fasttrain.config import settings
+from fasttrain.config.errors import ConfigError, UserError
 
 _SPECIAL_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 _SEQUENCES = {list, tuple, set, frozenset, abc.Sequence, abc.MutableSequence, abc.Collection}
 _MAPPINGS = {dict, abc.Mapping, abc.MutableMapping}
 
 
-def validate(node: Any, path: str = "") -> None:
-    """Walk `node`; check every `_target_` node it holds. Raises UserError on the first problem."""
+def validate(node: Any, path: str = "", entry: str | None = None) -> None:
+    """Walk `node`; check every `_target_` node it holds, and with `entry` (a config name such as
+    "train") the top-level keys of that entry. Raises UserError on the first problem."""
+    if entry is not None:
+        _check_settings(node, settings.ENTRIES[entry])
     if isinstance(node, DictConfig):
         if "_target_" in node:
             _check_call(node, path)
@@ -37,9 +42,9 @@ def validate(node: Any, path: str = "") -> None:
                 raise UserError(
                     f"{_join(path, key)} is required (it has no value; set it as an override)"
                 )
+            child = node[key]
             validate(
-                node._get_node(key) if isinstance(node[key], (DictConfig, ListConfig)) else None,
-                _join(path, key),
+                child if isinstance(child, (DictConfig, ListConfig)) else None, _join(path, key)
             )
     elif isinstance(node, ListConfig):
         for i, item in enumerate(node):
@@ -88,29 +93,66 @@ def _signature(target: str, path: str) -> tuple[dict[str, inspect.Parameter], di
 def _check_call(node: DictConfig, path: str) -> None:
     target = node._target_
     params, hints = _signature(target, path)
-    if not params:
-        return
+    if params:
+        _check_args(node, target, params, hints, path)
+
+
+def _check_settings(cfg: DictConfig, entry: Any) -> None:
+    """The entry's plain top-level keys against `entry`'s signature, then its range checks.
+    Nodes with a `_target_` or group nodes (data:, paths:, ...) are left to validate()."""
+    params, hints = _signature(f"{entry.__module__}.{entry.__qualname__}", "")
+    own = frozenset(k for k in cfg if k not in params and _is_group(cfg, k))
+    _check_args(cfg, "", params, hints, "", skip=own)
+    values = {k: _plain(cfg[k]) for k in params if k in cfg and not OmegaConf.is_missing(cfg, k)}
+    required = [n for n, p in params.items() if p.default is p.empty]
+    if any(n not in values for n in required):
+        return  # validate() names the missing key
+    try:
+        entry(**values)
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+
+
+def _is_group(cfg: DictConfig, key: Any) -> bool:
+    return OmegaConf.is_missing(cfg, key) is False and isinstance(cfg[key], DictConfig)
+
+
+def _plain(value: Any) -> Any:
+    return (
+        OmegaConf.to_container(value, resolve=True)
+        if isinstance(value, (DictConfig, ListConfig))
+        else value
+    )
+
+
+def _check_args(
+    node: DictConfig,
+    target: str,
+    params: dict[str, inspect.Parameter],
+    hints: dict[str, Any],
+    path: str,
+    skip: frozenset[Any] = frozenset(),
+) -> None:
+    """Each key of `node` is an argument of `target` with a value of the annotated type."""
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     named = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     for key in node:
-        if key in _SPECIAL_KEYS:
+        if key in _SPECIAL_KEYS or key in skip:
             continue
         if key not in params:
             if takes_kwargs:
                 continue
             close = difflib.get_close_matches(str(key), named, n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; valid: {', '.join(named)}"
+            if not target:  # an entry's top-level key
+                raise UserError(f"{key!s}: no such key{hint}")
             raise UserError(f"{_join(path, key)}: {target} has no argument '{key!s}'{hint}")
         if OmegaConf.is_missing(node, key):
             continue  # reported by validate() with the path
         child = node[key]
         if isinstance(child, DictConfig) and "_target_" in child:
             continue  # built by Hydra and checked on its own
-        value = (
-            OmegaConf.to_container(child, resolve=True)
-            if isinstance(child, (DictConfig, ListConfig))
-            else child
-        )
+        value = _plain(child)
         param = params[key]
         annotation = hints.get(key, param.annotation)
         if value is None and param.default is None:
@@ -122,7 +164,7 @@ def _check_call(node: DictConfig, path: str) -> None:
         for name in named:
             p = params[name]
             if p.default is p.empty and name not in given and p.kind is not p.POSITIONAL_ONLY:
-                raise UserError(f"{_join(path, name)} is required by {target}")
+                raise UserError(f"{_join(path, name)} is required by {target or 'this entry'}")
 
 
 def _check_optimizer(node: DictConfig, path: str) -> None:

@@ -1,47 +1,20 @@
-"""Checkpoints that load with `weights_only=True`: hyperparameters are plain containers.
+"""Reading checkpoints: `weights_only=True` always, every failure one line.
 
-A net, optimizer or scheduler is saved as its Hydra spec (`{"_target_": "pkg.Class", **args}`),
-which names code instead of pickling it, so loading never executes anything from the file.
+A net, optimizer or scheduler is saved as its Hydra spec (`{"_target_": "pkg.Class", **args}`,
+fasttrain.models.spec), which names code instead of pickling it, so loading never executes
+anything from the file.
 """
 
 from __future__ import annotations
 
-import functools
 import pickle
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from fasttrain.errors import UserError
-
-
-def plain(value: Any) -> Any:
-    """OmegaConf containers, tuples and the like -> dicts, lists and scalars."""
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
-        return [plain(v) for v in value]
-    return value
-
-
-def qualname(obj: Any) -> str:
-    return f"{obj.__module__}.{obj.__qualname__}"
-
-
-def spec_of(obj: Any) -> dict[str, Any] | None:
-    """The Hydra spec that rebuilds `obj`: a partial (optimizer/scheduler factory), or a net that
-    recorded its constructor arguments in `.hparams` (fasttrain's nets do). None otherwise."""
-    if obj is None:
-        return None
-    if isinstance(obj, functools.partial):
-        return {"_target_": qualname(obj.func), "_partial_": True, **plain(obj.keywords)}
-    hparams = getattr(obj, "hparams", None)
-    if isinstance(obj, nn.Module) and hparams is not None:
-        return {"_target_": qualname(type(obj)), **plain(hparams)}
-    return None
+from fasttrain.config.errors import UserError
 
 
 def read_checkpoint(path: str | Path, expect: str = "ckpt_path") -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """Strategies Lightning lacks, registered by name so `trainer.strategy=<name>` finds them.
 
-Importing this package registers them; fasttrain.trainer.Trainer imports it, so every config
+Importing this package registers them; fasttrain.assemble imports it, so every config
 that builds the trainer can name them.
 """
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from fasttrain.strategies.dp import DataParallelStrategy, reduce_replica_outputs
+from fasttrain.distributed.dp import DataParallelStrategy, reduce_replica_outputs
 
 if "dp" not in StrategyRegistry:
     StrategyRegistry.register(

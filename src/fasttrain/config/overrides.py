@@ -7,7 +7,7 @@ first turns each kind of mistake into one UserError naming the override and what
     trainer.max_epoch=3: no such key; did you mean trainer.max_epochs?
     trainer=foo: no such option in trainer/; valid: cpu, ddp, ddp_cpu, default, dp, fsdp, gpu
 
-and then validates the composed config against the signatures (fasttrain.schema), so a wrong
+and then validates the composed config against the signatures (fasttrain.config.schema), so a wrong
 type or an unknown argument fails before Hydra creates or overwrites a run folder.
 """
 
@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from fasttrain import CONFIG_DIR
-from fasttrain.errors import UserError
+from fasttrain.config.errors import UserError
 
 # Keys an entry point no longer has, and what replaced them.
 RENAMED = {"train": {"ckpt_path": "resume=PATH"}}
 _SHOWN = 12  # at most this many valid keys in a message
 
 
-def precheck(config_name: str, argv: list[str]) -> None:
+def check_command_line(config_name: str, argv: list[str]) -> None:
     """Compose `argv` as Hydra will and validate it; raise UserError on the first mistake.
 
     Flags (--cfg, -m/--multirun, --config-name, ...) are Hydra's business: then nothing is
@@ -45,9 +45,9 @@ def precheck(config_name: str, argv: list[str]) -> None:
     _as_in_a_run(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
-    from fasttrain.schema import validate
+    from fasttrain.config.schema import validate
 
-    validate(cfg)
+    validate(cfg, entry=config_name)
 
 
 def _compose(config_name: str, overrides: list[str], hydra: bool = False) -> Any:

@@ -1,0 +1,167 @@
+"""Config -> objects: `build_run(cfg)` gives the (trainer, model, datamodule) of a training run
+and `restore(cfg)` the (model, datamodule) of a checkpoint; the tasks and the tests use both.
+Components never see the config.
+
+Every failure of a constructor on bad input becomes one UserError that names the override,
+e.g. `data.batch_size=0: expected an int >= 1`.
+
+`Trainer` is lightning.Trainer with checked strategy, accumulation and clipping arguments:
+Lightning annotates `gradient_clip_algorithm` as a plain str, checks `strategy` only when it
+builds the accelerator connector (with an incomplete list of names) and never checks the sign of
+`gradient_clip_val`. Every other argument passes through unchanged (and fasttrain.config.schema
+checks them against Lightning's own signature).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import lightning as L
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.strategies import Strategy, StrategyRegistry
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+import fasttrain.distributed  # noqa: F401  (registers `dp` before any Trainer is built)
+from fasttrain.checkpoints.io import AtomicCheckpointIO
+from fasttrain.checkpoints.resume import ResumeState
+from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.config.schema import validate
+from fasttrain.models.spec import plain
+
+
+def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
+    """Instantiate one `_target_` node; arguments reach the class as plain lists and dicts."""
+    try:
+        return instantiate(node, _convert_="all", **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        # Hydra's exception has no field for the failing node, only `full_key: ...` in its text
+        # (relative to `node`, or from the root for a node taken out of a bigger config);
+        # tests/test_bad_input.py fails if that text changes.
+        key = re.search(r"full_key: (\S+)", str(err))
+        full = key.group(1) if key else path
+        where = full if full == path or full.startswith(f"{path}.") else f"{path}.{full}"
+        if isinstance(cause, ConfigError):
+            raise cause.at(where) from None
+        if isinstance(cause, (UserError, ValueError, MisconfigurationException)):
+            raise UserError(f"{where}: {cause}") from None
+        raise
+
+
+def build_all(group: DictConfig | None, path: str) -> list[Any]:
+    """Build each named entry of a group like `callbacks:` or `logger:`; null entries skip."""
+    if not group:
+        return []
+    return [build(node, f"{path}.{name!s}") for name, node in group.items()
+            if isinstance(node, DictConfig) and "_target_" in node]  # fmt: skip
+
+
+def build_model(node: DictConfig, **kwargs: Any) -> Any:
+    """The LightningModule of `model:`. A net that does not record its own arguments (any plain
+    nn.Module) gets the spec of its config node, so checkpoints can always rebuild it."""
+    model = build(node, "model", **kwargs)
+    hparams = getattr(model, "hparams", {})
+    if "net" in hparams and hparams["net"] is None and "net" in node:
+        hparams["net"] = plain(OmegaConf.to_container(node.net, resolve=True))
+    return model
+
+
+def build_run(
+    cfg: DictConfig, callbacks: Sequence[Any] = (), **model_kwargs: Any
+) -> tuple[Any, Any, Any]:
+    """(trainer, model, datamodule) of a training run, as `python train.py` builds them; extra
+    `callbacks` and `model_kwargs` are for tests that inspect one practice."""
+    validate(cfg, entry="train")
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = build(cfg.data, "data")
+    model = build_model(cfg.model, **model_kwargs)
+    every = [*build_all(cfg.get("callbacks"), "callbacks"), ResumeState(cfg.seed), *callbacks]
+    loggers = build_all(cfg.get("logger"), "logger")
+    trainer = build(cfg.trainer, "trainer", callbacks=every, logger=loggers or False,
+                    plugins=[AtomicCheckpointIO()])  # fmt: skip
+    return trainer, model, datamodule
+
+
+def restore(cfg: DictConfig) -> tuple[Any, Any]:
+    """(Classifier in eval mode, set-up data module) for `cfg.ckpt_path`: the entry points that
+    start from a checkpoint (evaluate, export, predict) share it. The data split comes from the
+    checkpoint (seed, fractions, ...), so the test set is the one the run was tested on; loader
+    knobs stay this machine's."""
+    from fasttrain.checkpoints.load import load_classifier
+    from fasttrain.data.base import LOADER_ARGS
+
+    model, data_hparams = load_classifier(cfg.ckpt_path)
+    with open_dict(cfg.data):
+        for key, value in data_hparams.items():
+            if key in cfg.data and key not in LOADER_ARGS:
+                cfg.data[key] = value
+    validate(cfg)
+    datamodule = build(cfg.data, "data")
+    net_shape = model.hparams["net"].get("input_shape")
+    data_shape = getattr(datamodule, "input_shape", None)
+    if net_shape is not None and data_shape is not None and list(net_shape) != list(data_shape):
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path}: its net takes inputs {list(net_shape)} but "
+            f"data ({cfg.data._target_}) gives {list(data_shape)}; select the data group the "
+            "checkpoint was trained on (data=...)"
+        )
+    if model.hparams["num_classes"] != getattr(
+        datamodule, "num_classes", model.hparams["num_classes"]
+    ):
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path}: {model.hparams['num_classes']} classes, but data has "
+            f"{datamodule.num_classes}; select the data group the checkpoint was trained on"
+        )
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    return model, datamodule
+
+
+ClipAlgorithm = Literal["norm", "value"]
+
+
+def strategy_names() -> list[str]:
+    return ["auto", *StrategyRegistry.available_strategies()]
+
+
+class Trainer(L.Trainer):
+    """lightning.Trainer with checked strategy, accumulation and clipping arguments."""
+
+    def __init__(
+        self,
+        *,
+        strategy: str | Strategy = "auto",
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: ClipAlgorithm | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(strategy, str) and strategy.lower() not in strategy_names():
+            raise ConfigError(
+                "strategy", strategy, f"expected one of {', '.join(strategy_names())}"
+            )
+        if accumulate_grad_batches < 1:
+            raise ConfigError(
+                "accumulate_grad_batches", accumulate_grad_batches, "expected an int >= 1"
+            )
+        if gradient_clip_val is not None and gradient_clip_val < 0:
+            raise ConfigError(
+                "gradient_clip_val", gradient_clip_val, "expected a number >= 0 or null"
+            )
+        if gradient_clip_algorithm not in (None, "norm", "value"):
+            raise ConfigError(
+                "gradient_clip_algorithm",
+                gradient_clip_algorithm,
+                "expected one of 'norm', 'value'",
+            )
+        super().__init__(
+            strategy=strategy,
+            accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            **kwargs,
+        )

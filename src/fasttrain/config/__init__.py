@@ -1,0 +1,7 @@
+"""What a config may say, and the one-line errors when it says something else.
+
+errors.py     UserError / ConfigError: every check raises them; fasttrain.cli prints one line
+schema.py     validate(cfg): every `_target_` node against its class's signature
+settings.py   the top-level keys of each entry config, as typed signatures with range checks
+overrides.py  the command line composed and checked before Hydra writes anything
+"""

@@ -1,0 +1,128 @@
+"""Everything around `trainer.fit`: run-level knobs, Lightning's tuner, resume, SIGTERM and the
+out-of-memory retry. fasttrain.tasks.train calls `prepare`, `tune` and `fit`, in that order.
+
+`oom_fallback=true`: on CUDA out-of-memory during fit, halve the micro-batch, double gradient
+accumulation (the effective batch, and so the optimisation, stays the same) and fit again from
+the weights in memory, at the epoch that failed. Below batch size 1 there is nothing left to
+halve and it gives up, with torch.cuda.memory_summary() in the message. One process only: under
+DDP a rank that shrinks its batch alone would fall out of step with the others.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from fasttrain.checkpoints.resume import ResumeState, check_fits
+
+log = logging.getLogger(__name__)
+
+
+class OutOfMemoryFallbackError(RuntimeError):
+    """Out of memory even at batch size 1."""
+
+
+def set_matmul_precision(value: str | None) -> None:
+    """float32 matmuls: "highest" exact fp32; "high" TF32 on Tensor Cores (~8x the fp32 rate on
+    Ampere+, 10-bit mantissa); "medium" bf16 internally. Null keeps torch's default. The value
+    was checked with the config (fasttrain.config.settings)."""
+    if value is not None:
+        torch.set_float32_matmul_precision(value)
+
+
+def tune(trainer: Any, model: Any, datamodule: Any, lr_find: bool = False,
+         batch_size: str | None = None) -> None:  # fmt: skip
+    """Before fit: grow `datamodule.batch_size` until it no longer fits (mode `batch_size`), then
+    run the LR range test, whose suggestion becomes `model.lr` (used by configure_optimizers)."""
+    if not lr_find and batch_size is None:
+        return
+    from lightning.pytorch.tuner import Tuner
+
+    tuner = Tuner(trainer)
+    if batch_size is not None:
+        tuner.scale_batch_size(model, datamodule=datamodule, mode=batch_size)
+    if lr_find:
+        tuner.lr_find(model, datamodule=datamodule)
+
+
+def fit_once(trainer: Any, model: L.LightningModule, datamodule: Any,
+             ckpt_path: str | None) -> None:  # fmt: skip
+    """trainer.fit from `ckpt_path`; after a SIGTERM, exit 143 with how to resume."""
+    if ckpt_path:
+        check_fits(ckpt_path, model)
+    try:
+        # weights_only: resuming never unpickles code from a checkpoint file.
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except SIGTERMException:
+        state = next((c for c in trainer.callbacks if isinstance(c, ResumeState)), None)
+        saved = state.sigterm_checkpoint if state else None
+        how = f"saved {saved}; resume with the same run_name" if saved else "nothing saved"
+        print(f"stopped by SIGTERM; {how}", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
+
+
+FitOnce = Callable[[L.Trainer, L.LightningModule, Any, "str | None"], None]
+
+
+def fit(
+    trainer: L.Trainer,
+    model: L.LightningModule,
+    datamodule: Any,
+    ckpt_path: str | None = None,
+    oom_fallback: bool = False,
+    fit_once: FitOnce = fit_once,
+) -> None:
+    """`fit_once(trainer, model, datamodule, ckpt_path)`, retried smaller on OOM when asked."""
+    while True:
+        try:
+            fit_once(trainer, model, datamodule, ckpt_path)
+            return
+        except torch.OutOfMemoryError as err:
+            if not oom_fallback:
+                raise
+            reason = str(err).splitlines()[0] if str(err) else "CUDA out of memory"
+        _shrink_batch(trainer, datamodule, reason)
+        ckpt_path = None  # go on from the weights in memory, not back to the checkpoint
+
+
+def _shrink_batch(trainer: L.Trainer, datamodule: Any, reason: str) -> None:
+    batch, accumulate = datamodule.batch_size, trainer.accumulate_grad_batches
+    gc.collect()  # the failed step's tensors, unreferenced now that the exception is gone
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if batch <= 1:
+        raise OutOfMemoryFallbackError(
+            f"out of memory at batch size 1 ({reason}); oom_fallback has nothing left to "
+            "halve: use a smaller model, trainer.precision=bf16-mixed, or more GPUs.\n"
+            f"{memory_summary()}"
+        )
+    datamodule.batch_size = batch // 2
+    trainer.accumulate_grad_batches = accumulate * 2
+    log.warning(
+        "oom_fallback: out of memory at batch size %d (%s); continuing with batch size %d "
+        "and accumulate_grad_batches=%d (effective batch %d -> %d)\n%s",
+        batch, reason, batch // 2, accumulate * 2, batch * accumulate,
+        batch // 2 * accumulate * 2, memory_summary(),
+    )  # fmt: skip
+    _reset_loaders(trainer)
+
+
+def memory_summary() -> str:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.memory_summary()
+    return "(no CUDA device in use: no memory summary)"
+
+
+def _reset_loaders(trainer: L.Trainer) -> None:
+    # Private: Lightning has no public "rebuild the loaders on the next fit"; its own batch-size
+    # finder does this (tuner/batch_size_scaling.py). tests/test_internals.py fails if it goes.
+    trainer.fit_loop._combined_loader = None
+    trainer.fit_loop.epoch_loop.val_loop._combined_loader = None

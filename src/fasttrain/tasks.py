@@ -1,0 +1,207 @@
+"""The four tasks, each a short flat function a reader can follow top to bottom:
+
+    train     build the run, tune, fit (with resume), test the best checkpoint, report
+    evaluate  a checkpoint's test metrics
+    export    a checkpoint -> ONNX, TorchScript, int8 and fp16 files, each read back and checked
+    predict   a checkpoint's classes and probabilities for the test split or an .npy file
+
+fasttrain.cli runs them (command-line check, Hydra, exit codes); tests call them with a composed
+config. torch and Lightning load inside the tasks, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from fasttrain.config.errors import UserError
+
+
+def train(cfg: Any) -> dict[str, float]:
+    """python train.py key=value ...: fit, then test the best checkpoint on the test split."""
+    from omegaconf import OmegaConf
+
+    from fasttrain import fit
+    from fasttrain.assemble import build_run
+    from fasttrain.checkpoints.resume import checkpoint_to_resume
+    from fasttrain.distributed.multirun import share_job_with_ranks
+
+    fit.set_matmul_precision(cfg.get("matmul_precision"))
+    ckpt_path = checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)
+    trainer, model, datamodule = build_run(cfg)
+    if cfg.get("train", True):
+        share_job_with_ranks()  # DDP ranks of a sweep job run this job, not the sweep
+        tuner = cast(dict[str, Any], OmegaConf.to_container(cfg.get("tuner") or {}))
+        fit.tune(trainer, model, datamodule, **tuner)
+        fit.fit(trainer, model, datamodule, ckpt_path, cfg.get("oom_fallback", False))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if cfg.get("test", True):
+        # Test the best checkpoint, not the last weights; without one, the weights as they are.
+        results = trainer.test(
+            model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
+        )
+        metrics.update(results[0] if results else {})
+    report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir)
+    log_hparams(trainer.loggers, OmegaConf.to_container(cfg, resolve=True), metrics)
+    return metrics
+
+
+def evaluate(cfg: Any) -> dict[str, float]:
+    """python -m fasttrain.evaluate ckpt_path=PATH: the checkpoint's test metrics."""
+    require_ckpt(cfg, "evaluate")
+    import lightning as L
+
+    from fasttrain.assemble import build, restore
+
+    L.seed_everything(cfg.seed, workers=True)
+    model, datamodule = restore(cfg)
+    trainer = build(cfg.trainer, "trainer", logger=False)
+    results = trainer.test(model, datamodule=datamodule)
+    metrics = dict(results[0]) if results else {}
+    report(cfg.paths.output_dir, metrics, str(cfg.ckpt_path))
+    return metrics
+
+
+def export(cfg: Any) -> dict[str, Any]:
+    """python -m fasttrain.export ckpt_path=PATH [format=onnx]: write each format, read it back,
+    check it against the eager net; exit 1 when one misses its target (`strict`)."""
+    require_ckpt(cfg, "export")
+    import torch
+
+    from fasttrain.assemble import build, restore
+    from fasttrain.deploy import export_and_verify, failures, resolve_device, run_dir_of, select
+
+    # Every argument is checked before the checkpoint is read, and that before a file is written.
+    exporters = select(str(cfg.format))
+    device = resolve_device(str(cfg.device))
+    tolerance = build(cfg.tolerance, "tolerance")
+    model, datamodule = restore(cfg)
+    x = next(iter(datamodule.test_dataloader()))[0]
+    example = x[torch.arange(max(2, len(x))) % len(x)]  # torch.export needs a batch of >= 2
+    out_dir = Path(cfg.output_dir) if cfg.output_dir else run_dir_of(cfg.ckpt_path) / "export"
+    result = export_and_verify(
+        model.net, exporters, example, datamodule.test_dataloader(), out_dir, device,
+        tolerance, float(cfg.latency_time), source=str(cfg.ckpt_path),
+    )  # fmt: skip
+    missed = failures(result)
+    if missed and cfg.get("strict", True):
+        print("error: export check failed:\n  " + "\n  ".join(missed), file=sys.stderr)
+        sys.exit(1)
+    return result
+
+
+def predict(cfg: Any) -> Path:
+    """python -m fasttrain.predict ckpt_path=PATH [input=x.npy]: predictions.csv."""
+    require_ckpt(cfg, "predict")
+    from rich.console import Console
+
+    from fasttrain.assemble import restore
+    from fasttrain.deploy import resolve_device, torch_runner
+    from fasttrain.deploy.predict import load_inputs, predict, write_predictions
+
+    device = resolve_device(str(cfg.device))
+    model, datamodule = restore(cfg)
+    if cfg.input:
+        x = load_inputs(cfg.input, datamodule.input_shape)
+        batches = ((xb, None) for xb in x.split(int(cfg.data.batch_size)))
+    else:
+        batches = datamodule.test_dataloader()
+    out = Path(cfg.output_dir or cfg.paths.output_dir) / "predictions.csv"
+    summary = write_predictions(out, predict(torch_runner(model.net, device), batches))
+    shown = ", ".join(
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()
+    )
+    Console(soft_wrap=True).print(f"[bold]predictions[/] {out} ({shown})")
+    return out
+
+
+def require_ckpt(cfg: Any, entry: str) -> None:
+    """The tasks that start from a checkpoint (evaluate, export, predict) need one."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.ckpt_path:
+        raise UserError(f"ckpt_path is required: python -m fasttrain.{entry} ckpt_path=PATH.ckpt")
+
+
+def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
+           log_dir: str | None = None) -> None:  # fmt: skip
+    """Write metrics.json in the run dir; print the final metrics, where the run went, and the
+    command that opens `log_dir` in TensorBoard."""
+    from lightning.pytorch.utilities import rank_zero_only
+    from rich.console import Console
+    from rich.table import Table
+
+    if getattr(rank_zero_only, "rank", 0) != 0:
+        return
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(
+        json.dumps({"metrics": metrics, "checkpoint": ckpt}, indent=2)
+    )
+    shown = {k: v for k, v in metrics.items() if k.startswith(("test/", "val/"))}
+    table = Table(title="final metrics", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name in sorted(shown):
+        table.add_row(name, f"{shown[name]:.4f}")
+    console = Console(soft_wrap=True)  # long paths stay on one line, easy to copy
+    console.print(table)
+    console.print(f"[bold]run dir[/]     {output_dir}")
+    if ckpt:
+        console.print(f"[bold]checkpoint[/]  {ckpt}")
+    if log_dir and (out / "tensorboard").is_dir():
+        console.print(f"[bold]TensorBoard[/] {tensorboard_command(log_dir)}")
+
+
+def tensorboard_command(log_dir: str) -> str:
+    """A command that works as printed from where the run was started: the tensorboard of this
+    very environment (a bare `tensorboard` is found only with the venv activated)."""
+    exe = Path(sys.executable).parent / "tensorboard"
+    return f"{_shown(exe)} --logdir {_shown(Path(log_dir))} --host 127.0.0.1"
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it, else absolute."""
+    try:
+        return str(path.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"optimizer": {"lr": 1e-3}}} -> {"model.optimizer.lr": 1e-3}.
+
+    Only scalars (numbers, strings, booleans) are kept: the HPARAMS tab filters and sorts on
+    them. A list (e.g. layer widths) becomes its string, a null the string "None".
+    """
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+def log_hparams(loggers: list[Any], params: Any, metrics: Mapping[str, float]) -> None:
+    """Write `params` (nested, resolved) once with the run's final `metrics` to every
+    TensorBoard logger (its HPARAMS tab); other loggers keep what Lightning records for them."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    flat = flatten(params)
+    # Under hp/: Lightning writes these as scalars too, and a second `val/acc` point would
+    # distort the training curve of the same name.
+    final = {f"hp/{k}": float(v) for k, v in metrics.items() if k.startswith(("val/", "test/"))}
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):
+            # rank-zero only inside Lightning's logger; the metrics become the tab's columns.
+            logger.log_hyperparams(flat, final)
+            logger.finalize("success")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from conftest import CONF
 from fasttrain.assemble import build, build_all
@@ -27,7 +27,13 @@ NEEDS_PLUGIN = {
     "hparams_search/optuna.yaml": "hydra_plugins.hydra_optuna_sweeper",
     "hydra/launcher/slurm.yaml": "hydra_plugins.hydra_submitit_launcher",
 }
-CONFIG_FILES = sorted(str(p.relative_to(CONF)) for p in CONF.rglob("*.yaml"))
+# Every selectable file; `_shared/` holds pieces other configs merge in, not options of a group.
+CONFIG_FILES = sorted(
+    str(p.relative_to(CONF))
+    for p in CONF.rglob("*.yaml")
+    if not p.relative_to(CONF).parts[0].startswith("_")
+)
+NET_FILES = sorted(p.stem for p in (CONF / "model" / "net").glob("*.yaml"))
 # Keep each smoke run to a couple of batches; `++` adds or replaces whatever the file set.
 SHORT = [
     "++trainer.max_epochs=1", "++trainer.limit_train_batches=2", "++trainer.limit_val_batches=1",
@@ -59,7 +65,16 @@ def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
         overrides.append("ckpt_path=some.ckpt")
     overrides += [f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run", *extra]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(primary, overrides=overrides, return_hydra_config=parts[0] == "hydra")
+        cfg = compose(primary, overrides=overrides, return_hydra_config=parts[0] == "hydra")
+        if group == "data" and "model" in cfg and not image_shaped(cfg.data.input_shape):
+            # A data set declares the input it gives (input_shape); the default net is a CNN on
+            # images [C, H, W], so anything else runs with the MLP, which takes any shape.
+            cfg = compose(primary, overrides=["model/net=mlp", *overrides])
+        return cfg
+
+
+def image_shaped(input_shape) -> bool:
+    return len(input_shape) == 3
 
 
 def test_every_config_file_is_covered() -> None:
@@ -122,7 +137,7 @@ def test_config_smoke_runs(rel: str, tmp_path: Path) -> None:
         pytest.skip("needs a CUDA device (the instantiate test checks the error without one)")
     if rel in LAUNCHES_PROCESSES:
         pytest.skip("launches processes: smoke-run via python train.py in test_strategies.py")
-    from fasttrain.train import train
+    from fasttrain.tasks import train
 
     cfg = compose_for(rel, tmp_path, SHORT)
     metrics = train(cfg)
@@ -139,3 +154,33 @@ def test_model_interpolates_data_shape(tmp_path: Path) -> None:
     )
     assert OmegaConf.to_container(cfg.model.net.input_shape, resolve=True) == [3, 16, 16]
     assert cfg.model.num_classes == 7 and cfg.model.net.num_classes == 7
+
+
+@pytest.mark.parametrize("net", NET_FILES)
+def test_every_net_config_round_trips_through_a_checkpoint(net: str, tmp_path: Path) -> None:
+    """Any net config: the checkpoint holds its spec, and load_classifier rebuilds the same
+    function from it."""
+    from fasttrain.assemble import build_model
+    from fasttrain.checkpoints.load import load_classifier
+
+    extra = [f"model/net={net}", "data.input_shape=[3,8,8]"]
+    cfg = compose_for("data/synthetic.yaml", tmp_path, extra)
+    model = build_model(cfg.model).eval()
+    ckpt = tmp_path / "net.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
+    rebuilt, _ = load_classifier(ckpt)
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(rebuilt(x), model(x))
+
+
+def test_a_plain_module_net_is_recorded_from_its_config(tmp_path: Path) -> None:
+    """A net that records no arguments of its own (any nn.Module) gets its config's spec."""
+    from fasttrain.assemble import build_model
+
+    cfg = compose_for("data/synthetic.yaml", tmp_path, ["data.input_shape=[3,8,8]"])
+    plain = {"_target_": "torch.nn.Flatten", "start_dim": 1}
+    with open_dict(cfg):
+        cfg.model.net = plain
+    model = build_model(cfg.model)
+    assert model.hparams["net"] == plain

@@ -54,9 +54,9 @@ def test_without_workers_the_worker_only_options_are_dropped() -> None:
     )
 
 
-def test_auto_workers_follow_the_cpu_count(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_workers_follow_thecpu_count(monkeypatch: pytest.MonkeyPatch) -> None:
     for cpus, expected in ((1, 0), (2, 1), (16, 8), (64, 8)):
-        monkeypatch.setattr(data_base, "_cpu_count", lambda n=cpus: n)
+        monkeypatch.setattr(data_base, "cpu_count", lambda n=cpus: n)
         assert resolve_num_workers("auto") == expected
     assert resolve_num_workers(3) == 3
 

@@ -11,9 +11,11 @@ config repository once per group it lists (~0.6 s more on a 2-core machine).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-import shutil
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +24,7 @@ from fasttrain import CONFIG_DIR
 from fasttrain.config.errors import UserError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Exit code for bad input, distinct from 1 (a crash) so scripts can tell them apart.
 USER_ERROR_EXIT = 2
@@ -39,18 +42,27 @@ def entry(config_name: str, task: Callable[[Any], Any]) -> None:
     from fasttrain.distributed.multirun import rank_argv
 
     sys.argv[1:] = argv = rank_argv(argv)  # a DDP rank of a sweep job: that job only
-    run_task(check_command_line, config_name, argv)  # bad overrides: one line, nothing written
+    checked = run_task(check_command_line, config_name, argv)  # bad input: one line, no files
+    claim = None
+    if checked.run_dir is not None:
+        if first_process():  # the other ranks of a DDP job share its claim
+            claim = run_task(claim_run_dir, checked.jobs[0], checked.run_dir)
+        sys.argv += checked.pin  # Hydra runs in exactly the folder checked and claimed
 
     @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=config_name)
     def hydra_main(cfg: Any) -> float | None:
-        from hydra.core.hydra_config import HydraConfig
-
-        run_dirs = (HydraConfig.get().runtime.output_dir, cfg.paths.log_dir)
-        result = run_task(task, cfg, run_dirs=run_dirs)
+        one_log_stream()
+        if claim is not None and claim.moved is not None:
+            log.info("resume=never: the previous run in %s is kept in %s", *map(shown, claim.moved))
+        result = run_task(task, cfg, undo=claim.undo if claim else None)
         # What a sweeper (hparams_search=optuna) optimises; the finished run's files are kept.
         return run_task(optimized_metric, result, cfg.get("optimized_metric"))
 
-    hydra_main()
+    try:
+        hydra_main()
+    finally:
+        if claim is not None:
+            claim.release()
 
 
 def optimized_metric(result: Any, name: str | None) -> float | None:
@@ -69,41 +81,192 @@ def show_tracebacks() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
-def discard_run_dir(output_dir: str | Path, log_dir: str | Path) -> None:
-    """Remove what Hydra wrote for a run that never started (its .hydra/ and log file).
-
-    Only files Hydra itself creates are removed, and folders only while they are empty, up to
-    (not including) `log_dir`, so a resumed run's checkpoints can never be lost here.
-    """
-    out, stop = Path(output_dir).resolve(), Path(log_dir).resolve()
-    if stop not in out.parents:
-        return
-    shutil.rmtree(out / ".hydra", ignore_errors=True)
-    for log in out.glob("*.log"):
-        log.unlink(missing_ok=True)
-    folder = out
-    while folder != stop:
-        try:
-            folder.rmdir()  # fails (and stops) at the first non-empty folder
-        except OSError:
-            break
-        folder = folder.parent
-
-
-def run_task(task: Callable[..., T], *args: Any, run_dirs: tuple[str, str] | None = None) -> T:
+def run_task(task: Callable[..., T], *args: Any, undo: Callable[[], None] | None = None) -> T:
     """Run an entry point's task; turn a UserError into one line on stderr and exit code 2.
 
-    `run_dirs` is (output_dir, log_dir) of a Hydra run, discarded when the task fails on input.
+    `undo` takes back what this invocation wrote into its run folder (RunClaim.undo).
     """
     try:
         return task(*args)
     except UserError as err:
+        if undo is not None:
+            undo()
         if show_tracebacks():
             raise
-        if run_dirs is not None:
-            discard_run_dir(*run_dirs)
         print(f"error: {err}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+
+
+def first_process() -> bool:
+    """False in a rank > 0 of a distributed job: started by torchrun (RANK), SLURM
+    (SLURM_PROCID), or Lightning's own launcher for trainer=ddp/ddp_cpu (LOCAL_RANK, NODE_RANK)."""
+    ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+    return all(os.environ.get(name, "0") == "0" for name in ranks)
+
+
+def one_log_stream() -> None:
+    """Send Lightning's log lines through the handlers Hydra configured (console and the run's
+    <task>.log, conf/hydra/default.yaml), once each. Lightning gives its loggers a console
+    handler of their own and stops them propagating when it is imported before logging is
+    configured, which the command-line check does: its lines then missed the log file."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning",
+                 "lightning_fabric"):  # fmt: skip
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:  # Lightning's own; a user's file stays
+                logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def shown(path: str | Path) -> str:
+    """`path` relative to the working directory when it lies below it, else absolute."""
+    absolute = Path(path).absolute()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+# In each run folder: held (flock) by the run writing there, so a second one refuses to start.
+LOCK_FILE = ".run.lock"
+
+
+class RunClaim:
+    """This invocation's hold on its run folder, taken before Hydra writes into it.
+
+    A lock other runs respect (flock: the kernel drops it when the process ends, however it
+    ends, so a killed run never leaves the folder locked), and a record of what the folder held,
+    so that a run failing on bad input takes back exactly what it wrote and nothing else:
+    new files and folders are removed, the config files Hydra rewrote get their old bytes back,
+    a log that existed is cut back to its old length.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._record()
+        self.fd: int | None = None
+        self.moved: tuple[Path, Path] | None = None  # (run folder, where its old run went)
+
+    def _record(self) -> None:
+        out = self.run_dir
+        self.existed = next(p for p in (out, *out.parents) if p.exists())
+        self.before = {p.relative_to(out) for p in out.rglob("*")} if out.is_dir() else set()
+        self.saved = {p: p.read_bytes() for p in out.glob(".hydra/*") if p.is_file()}
+        self.log_sizes = {p: p.stat().st_size for p in out.glob("*.log") if p.is_file()}
+
+    def lock(self, run_name: str) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.fd = _lock(self.run_dir, run_name)
+
+    def move_aside(self, run_name: str) -> None:
+        """resume=never where a run already is: keep that run, renamed, and start empty."""
+        if not any(p.name != LOCK_FILE for p in self.run_dir.iterdir()):
+            return
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+        aside = self.run_dir.with_name(f"{self.run_dir.name}.replaced-{stamp}")
+        for n in range(1, 1000):
+            if not aside.exists():
+                break
+            aside = aside.with_name(f"{self.run_dir.name}.replaced-{stamp}-{n}")
+        old_lock = self.fd
+        os.rename(self.run_dir, aside)  # its lock file goes along, still held until the new one
+        self.moved = (self.run_dir, aside)
+        self._record()
+        self.lock(run_name)
+        if old_lock is not None:
+            os.close(old_lock)
+
+    def undo(self) -> None:
+        out = self.run_dir
+        for path in sorted(out.rglob("*"), reverse=True) if out.is_dir() else []:
+            if path.relative_to(out) in self.before:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only when empty: a new folder with old files stays
+            else:
+                path.unlink(missing_ok=True)
+        for path, data in self.saved.items():
+            path.write_bytes(data)
+        for path, size in self.log_sizes.items():
+            with contextlib.suppress(OSError):
+                os.truncate(path, size)
+        for folder in (out, *out.parents):
+            if folder == self.existed or not folder.is_relative_to(self.existed):
+                break
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if self.moved is not None and not self.moved[0].exists():
+            os.rename(self.moved[1], self.moved[0])
+            self.moved = None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def _lock(run_dir: Path, run_name: str) -> int | None:
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; runs there are not protected from each other
+        return None
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        owner = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UserError(
+            f"run_name={run_name}: another run (pid {owner}) is writing to {shown(run_dir)}; "
+            "wait for it to end, or choose another run_name"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def claim_run_dir(job: Any, run_dir: Path) -> RunClaim:
+    """Lock the run folder, then make every check that could refuse to resume (readable
+    checkpoint, same model, not past trainer.max_epochs) or, with resume=never, move the old run
+    aside: all before Hydra writes its config into the folder."""
+    claim = RunClaim(run_dir)
+    claim.lock(str(job.get("run_name")))  # refused: the folder is another run's, nothing to undo
+    try:
+        if job.get("resume") == "never":
+            claim.move_aside(str(job.get("run_name")))
+        elif job.get("resume") is not None:
+            check_resume(job, run_dir)
+    except BaseException:
+        claim.undo()
+        claim.release()
+        raise
+    return claim
+
+
+def check_resume(job: Any, run_dir: Path) -> None:
+    from fasttrain.checkpoints.resume import check_fits, checkpoint_to_resume
+
+    ckpt = checkpoint_to_resume(job.resume, run_dir)
+    if ckpt is not None:
+        max_epochs = job.trainer.get("max_epochs")
+        check_fits(ckpt, shapes_only_model(job), max_epochs, resume=str(job.resume))
+
+
+def shapes_only_model(job: Any) -> Any:
+    """The run's model on the meta device (parameter shapes, no memory, no init cost), or None
+    when it cannot be built there; fit checks that one against the checkpoint again."""
+    import torch
+
+    from fasttrain.assemble import build_model
+
+    try:
+        with torch.device("meta"):
+            return build_model(job.model)
+    except UserError:
+        raise
+    except Exception:
+        return None
 
 
 # Flags that must keep Hydra's own behaviour (its help about Hydra itself, shell completion...).
@@ -129,7 +292,8 @@ def config_groups(root: Path = Path(CONFIG_DIR)) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for file in sorted(root.rglob("*.yaml")):
         group = file.parent.relative_to(root).as_posix()
-        if group != "." and group != "hydra":
+        # hydra/ is Hydra's own; _shared/ holds pieces other configs merge in, not options
+        if group != "." and group != "hydra" and not group.startswith("_"):
             groups.setdefault(group, []).append(file.stem)
     return groups
 

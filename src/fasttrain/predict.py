@@ -1,12 +1,10 @@
 """python -m fasttrain.predict ckpt_path=PATH [input=x.npy]: predictions.csv."""
 
+from functools import partial
+
 from fasttrain import tasks
 from fasttrain.cli import entry
 
-
-def main() -> None:
-    entry("predict", tasks.predict)
-
-
+main = partial(entry, "predict", tasks.predict)  # also the fasttrain-predict script
 if __name__ == "__main__":
     main()

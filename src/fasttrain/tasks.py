@@ -29,9 +29,9 @@ def train(cfg: Any) -> dict[str, float]:
     from fasttrain.checkpoints.resume import checkpoint_to_resume
     from fasttrain.distributed.multirun import share_job_with_ranks
 
+    trainer, model, datamodule = build_run(cfg)
     fit.set_matmul_precision(cfg.get("matmul_precision"))
     ckpt_path = checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)
-    trainer, model, datamodule = build_run(cfg)
     if cfg.get("train", True):
         share_job_with_ranks()  # DDP ranks of a sweep job run this job, not the sweep
         tuner = cast(dict[str, Any], OmegaConf.to_container(cfg.get("tuner") or {}))
@@ -53,7 +53,7 @@ def train(cfg: Any) -> dict[str, float]:
 
 def evaluate(cfg: Any) -> dict[str, float]:
     """python -m fasttrain.evaluate ckpt_path=PATH: the checkpoint's test metrics."""
-    require_ckpt(cfg, "evaluate")
+    check_settings(cfg, "eval")  # also here: tests and notebooks call the task directly
     import lightning as L
 
     from fasttrain.assemble import build, restore
@@ -70,7 +70,7 @@ def evaluate(cfg: Any) -> dict[str, float]:
 def export(cfg: Any) -> dict[str, Any]:
     """python -m fasttrain.export ckpt_path=PATH [format=onnx]: write each format, read it back,
     check it against the eager net; exit 1 when one misses its target (`strict`)."""
-    require_ckpt(cfg, "export")
+    check_settings(cfg, "export")  # also here: tests and notebooks call the task directly
     import torch
 
     from fasttrain.assemble import build, restore
@@ -97,7 +97,7 @@ def export(cfg: Any) -> dict[str, Any]:
 
 def predict(cfg: Any) -> Path:
     """python -m fasttrain.predict ckpt_path=PATH [input=x.npy]: predictions.csv."""
-    require_ckpt(cfg, "predict")
+    check_settings(cfg, "predict")  # also here: tests and notebooks call the task directly
     from rich.console import Console
 
     from fasttrain.assemble import restore
@@ -120,12 +120,16 @@ def predict(cfg: Any) -> Path:
     return out
 
 
-def require_ckpt(cfg: Any, entry: str) -> None:
-    """The tasks that start from a checkpoint (evaluate, export, predict) need one."""
+def check_settings(cfg: Any, entry: str) -> None:
+    """The top-level keys of conf/<entry>.yaml; a checkpoint task needs a checkpoint."""
     from omegaconf import OmegaConf
 
+    from fasttrain.config.schema import check_settings as check
+
+    command = {"eval": "evaluate"}.get(entry, entry)
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.ckpt_path:
-        raise UserError(f"ckpt_path is required: python -m fasttrain.{entry} ckpt_path=PATH.ckpt")
+        raise UserError(f"ckpt_path is required: python -m fasttrain.{command} ckpt_path=PATH.ckpt")
+    check(cfg, entry)
 
 
 def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,

@@ -32,7 +32,7 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
     """Walk `node`; check every `_target_` node it holds, and with `entry` (a config name such as
     "train") the top-level keys of that entry. Raises UserError on the first problem."""
     if entry is not None:
-        _check_settings(node, settings.ENTRIES[entry])
+        check_settings(node, entry)
     if isinstance(node, DictConfig):
         if "_target_" in node:
             _check_call(node, path)
@@ -97,9 +97,11 @@ def _check_call(node: DictConfig, path: str) -> None:
         _check_args(node, target, params, hints, path)
 
 
-def _check_settings(cfg: DictConfig, entry: Any) -> None:
-    """The entry's plain top-level keys against `entry`'s signature, then its range checks.
-    Nodes with a `_target_` or group nodes (data:, paths:, ...) are left to validate()."""
+def check_settings(cfg: DictConfig, entry_name: str) -> None:
+    """The plain top-level keys of conf/<entry_name>.yaml against their signature in
+    fasttrain.config.settings, then its range checks. Group nodes (data:, paths:, ...) are
+    left to validate()."""
+    entry = settings.ENTRIES[entry_name]
     params, hints = _signature(f"{entry.__module__}.{entry.__qualname__}", "")
     own = frozenset(k for k in cfg if k not in params and _is_group(cfg, k))
     _check_args(cfg, "", params, hints, "", skip=own)

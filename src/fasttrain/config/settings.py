@@ -6,16 +6,19 @@ checks a type cannot say. Group nodes (data, model, trainer, ...) are checked on
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from fasttrain.config.errors import ConfigError, UserError
 
-MatmulPrecision = Literal["highest", "high", "medium"]
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 BatchSizeMode = Literal["power", "binsearch"]
 Device = Literal["auto", "cpu", "cuda"]
 SEED_MAX = 2**32 - 1  # numpy's and Lightning's seed range
 NAME_MAX = 255  # bytes in one file name on common file systems
+# Scheduler arguments that give a schedule's length (CosineAnnealingLR, OneCycleLR): left out of
+# the scheduler config, fasttrain.models.Classifier sets them to the run's length.
+RUN_LENGTH_ARGS = ("T_max", "total_steps")
 
 
 def check_run_name(run_name: str) -> None:
@@ -35,6 +38,58 @@ def check_tuner(lr_find: bool = False, batch_size: BatchSizeMode | None = None) 
         raise ConfigError("batch_size", batch_size, "expected one of power, binsearch or null")
 
 
+def check_output_dir(output_dir: str | None) -> None:
+    """A folder to write into (made if missing): no part of the path may be a file."""
+    if not output_dir:
+        return
+    path = Path(output_dir).expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = "is a file" if existing == path else f"lies under a file ({existing})"
+        raise ConfigError(
+            "output_dir", output_dir, f"{what}; expected a folder (made if missing) or null"
+        )
+
+
+def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:
+    """With train=true, a run that trains on no batch would test an untrained model as its
+    result: refuse it (train=false is the way to test a model untrained)."""
+    limit = (trainer or {}).get("limit_train_batches")
+    if train and limit is not None and not isinstance(limit, bool) and limit == 0:
+        raise UserError(
+            f"trainer.limit_train_batches={limit}: no training batch would run and the untrained "
+            "model would be tested as this run's result; set it > 0 (an int of batches or a "
+            "fraction of them), or train=false to test the model untrained"
+        )
+
+
+def check_schedule_length(model: dict[str, Any] | None, trainer: dict[str, Any] | None) -> None:
+    """A schedule whose length the run sets needs a run of known length in its unit: epochs
+    (model.scheduler_interval=epoch) or optimizer steps (=step). Checked again by the Classifier;
+    here it fails before a run folder exists."""
+    scheduler = (model or {}).get("scheduler")
+    if not isinstance(scheduler, dict) or any(a in scheduler for a in RUN_LENGTH_ARGS):
+        return
+    trainer = trainer or {}
+    max_epochs, max_steps = trainer.get("max_epochs"), trainer.get("max_steps", -1)
+    bounded_by_steps = max_steps not in (None, -1)
+    # Lightning's reading of the two: max_epochs=None means 1000 epochs unless max_steps is set.
+    no_epochs = max_epochs == -1 or (max_epochs is None and bounded_by_steps)
+    interval = (model or {}).get("scheduler_interval", "epoch")
+    if interval == "epoch" and no_epochs:
+        raise UserError(
+            f"model.scheduler_interval=epoch: the lr schedule runs over epochs but "
+            f"trainer.max_epochs={max_epochs} sets no number of epochs; set trainer.max_epochs, "
+            "or model.scheduler_interval=step to schedule over the run's optimizer steps "
+            "(trainer.max_steps)"
+        )
+    if interval == "step" and max_epochs == -1 and not bounded_by_steps:
+        raise UserError(
+            "model.scheduler_interval=step: the lr schedule needs the run's length, but "
+            "trainer.max_epochs=-1 and no trainer.max_steps bound the run; set one of them"
+        )
+
+
 def run(task_name: str, run_name: str, seed: int) -> None:
     """Keys every entry has."""
     if not 0 <= seed <= SEED_MAX:
@@ -46,15 +101,25 @@ def train(
     task_name: str,
     run_name: str,
     seed: int,
-    matmul_precision: MatmulPrecision | None = "high",
+    matmul_precision: str | None = "high",
     oom_fallback: bool = False,
     tuner: dict[str, Any] | None = None,
     train: bool = True,
     test: bool = True,
     resume: str = "auto",
     optimized_metric: str | None = None,
+    trainer: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
 ) -> None:
+    """`trainer` and `model` are component nodes, checked on their own; only what depends on
+    two keys at once (train and the trainer's limits, the schedule and the run's length) is
+    checked here, before a run folder exists."""
     run(task_name, run_name, seed)
+    if matmul_precision is not None and matmul_precision not in MATMUL_PRECISIONS:
+        expected = f"expected one of {', '.join(MATMUL_PRECISIONS)}"
+        raise ConfigError("matmul_precision", matmul_precision, expected)
+    check_training_batches(train, trainer)
+    check_schedule_length(model, trainer)
     try:
         check_tuner(**(tuner or {}))
     except ConfigError as err:
@@ -82,6 +147,7 @@ def export(
     strict: bool = True,
 ) -> None:
     run(task_name, run_name, seed)
+    check_output_dir(output_dir)
     if not latency_time > 0:
         raise ConfigError("latency_time", latency_time, "expected seconds > 0")
 
@@ -96,6 +162,7 @@ def predict(
     device: Device = "auto",
 ) -> None:
     run(task_name, run_name, seed)
+    check_output_dir(output_dir)
 
 
 # config name (conf/<name>.yaml) -> its top-level keys

@@ -38,6 +38,9 @@ def versions() -> dict[str, str | None]:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = None
+    # The imported build's own version: "2.14.1+cu130" tells a CUDA build from "+cpu" (the
+    # package metadata drops the suffix).
+    out["torch"] = torch.__version__
     out["cuda_build"] = torch.version.cuda  # None: a CPU-only build of torch
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     out["cudnn"] = str(cudnn) if cudnn else None

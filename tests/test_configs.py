@@ -184,3 +184,14 @@ def test_a_plain_module_net_is_recorded_from_its_config(tmp_path: Path) -> None:
         cfg.model.net = plain
     model = build_model(cfg.model)
     assert model.hparams["net"] == plain
+
+
+def test_a_nested_node_error_names_its_path_once(tmp_path: Path) -> None:
+    # Hydra reports the failing node from the config's root (trainer.profiler); the builder must
+    # not prefix it again (trainer.trainer.profiler).
+    cfg = compose_for("debug/profile.yaml", tmp_path, ["+trainer.profiler.sort_by_key=nope"])
+    with pytest.raises(UserError) as err:
+        build(cfg.trainer, "trainer")
+    assert str(err.value).startswith("trainer.profiler: ") and "trainer.trainer" not in str(
+        err.value
+    )

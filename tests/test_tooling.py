@@ -30,3 +30,14 @@ def test_pre_commit_runs_ruff_and_strips_notebooks() -> None:
     config = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())
     hooks = {h["id"] for repo in config["repos"] for h in repo["hooks"]}
     assert {"ruff", "ruff-format", "nbstripout", "mypy"} <= hooks
+
+
+def test_ci_runs_the_readme_commands_with_nothing_pre_installed() -> None:
+    readme = (REPO / "README.md").read_text()
+    first_block = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+    readme_commands = re.findall(r"^(make \S+)", first_block, flags=re.M)
+    ci_run = (REPO / ".ci/run").read_text()
+    ci_commands = re.findall(r"^(make \S+)", ci_run, flags=re.M)
+    assert readme_commands == ["make train", "make test"]
+    assert ci_commands[:2] == readme_commands  # first, and in the README's order
+    assert not re.search(r"pip install|python3? -m venv", ci_run)  # the Makefile does that

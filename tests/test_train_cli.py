@@ -20,8 +20,26 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     log_dir = launch / "logs"
     proc = run_cli([str(REPO / "train.py")], log_dir, timeout=900, cwd=launch)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    DEFAULT_OUTPUT.append(proc)
     (run,) = run_dirs(log_dir)
     return run
+
+
+DEFAULT_OUTPUT: list[subprocess.CompletedProcess] = []  # what the default run printed
+
+
+def test_default_run_prints_a_tensorboard_command_that_works_as_printed(default_run: Path) -> None:
+    launch = default_run.parents[2]
+    line = next(x for x in DEFAULT_OUTPUT[0].stdout.splitlines() if x.startswith("TensorBoard"))
+    exe, *args = line.split()[1:]
+    assert (launch / exe).is_file() and os.access(launch / exe, os.X_OK), line  # no bare name
+    logdir = launch / args[args.index("--logdir") + 1]
+    assert logdir == launch / "logs" and default_run.is_relative_to(logdir)
+
+
+def test_default_run_prints_no_adverts(default_run: Path) -> None:
+    printed = DEFAULT_OUTPUT[0].stdout + DEFAULT_OUTPUT[0].stderr
+    assert "litlogger" not in printed and "Tip:" not in printed
 
 
 def test_default_run_reaches_accuracy_bar(default_run: Path) -> None:

@@ -14,8 +14,10 @@ checks them against Lightning's own signature).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -31,6 +33,18 @@ from fasttrain.checkpoints.resume import ResumeState
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.schema import validate
 from fasttrain.models.spec import plain
+
+
+class _NoAdverts(logging.Filter):
+    """Drops Lightning's "Tip: ... try installing litlogger" line, printed on every run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+# Lightning logs through these (rank_zero_info); a filter is logging's public way to drop one line.
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    logging.getLogger(_name).addFilter(_NoAdverts())
 
 
 def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
@@ -88,15 +102,19 @@ def build_run(
 
 def restore(cfg: DictConfig) -> tuple[Any, Any]:
     """(Classifier in eval mode, set-up data module) for `cfg.ckpt_path`: the entry points that
-    start from a checkpoint (evaluate, export, predict) share it. The data split comes from the
-    checkpoint (seed, fractions, ...), so the test set is the one the run was tested on; loader
-    knobs stay this machine's."""
+    start from a checkpoint (evaluate, export, predict) share it. The data module must be the
+    one the checkpoint was trained on (checkpoints record it; older ones did not, and then only
+    the shapes are compared). The data split comes from the checkpoint (seed, fractions, path,
+    ...), so the test set is the one the run was tested on; loader knobs stay this machine's."""
     from fasttrain.checkpoints.load import load_classifier
     from fasttrain.data.base import LOADER_ARGS
 
-    model, data_hparams = load_classifier(cfg.ckpt_path)
+    model, data_spec = load_classifier(cfg.ckpt_path)
+    trained_on = data_spec.pop("_target_", None)
+    if trained_on is not None:
+        _check_same_data(cfg, trained_on)
     with open_dict(cfg.data):
-        for key, value in data_hparams.items():
+        for key, value in data_spec.items():
             if key in cfg.data and key not in LOADER_ARGS:
                 cfg.data[key] = value
     validate(cfg)
@@ -119,6 +137,44 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
     datamodule.prepare_data()
     datamodule.setup("test")
     return model, datamodule
+
+
+def _check_same_data(cfg: DictConfig, trained_on: str) -> None:
+    """Refuse a `data=` selection of another data module than the checkpoint's, naming the data
+    group to select. `trained_on` passed fasttrain.checkpoints.allow, so resolving it is safe."""
+    from hydra.utils import get_object
+
+    from fasttrain.checkpoints.allow import conf_targets
+
+    selected = str(cfg.data._target_)
+    trained = get_object(trained_on)
+    if _resolves_to(selected, trained):
+        return
+    groups = sorted(
+        f"data={Path(file).stem}"
+        for target, files in conf_targets().items()
+        for file in files
+        if file.startswith("data/") and _resolves_to(target, trained)
+    )
+    how = (
+        f"select its data group: {' or '.join(groups)} (its data settings, path included, come "
+        "from the checkpoint)"
+        if groups
+        else "add a config for it in conf/data/ and select it (data=...)"
+    )
+    raise UserError(
+        f"ckpt_path={cfg.ckpt_path}: trained on {trained_on} data, but data= selects "
+        f"{selected}; {how}"
+    )
+
+
+def _resolves_to(target: str, obj: Any) -> bool:
+    from hydra.utils import get_object
+
+    try:
+        return get_object(target) is obj
+    except Exception:  # a broken config file elsewhere is not this check's business
+        return False
 
 
 ClipAlgorithm = Literal["norm", "value"]

@@ -166,4 +166,9 @@ def predict(
 
 
 # config name (conf/<name>.yaml) -> its top-level keys
-ENTRIES = {"train": train, "eval": evaluate, "export": export, "predict": predict}
+ENTRIES: dict[str, Callable[..., None]] = {
+    "train": train,
+    "eval": evaluate,
+    "export": export,
+    "predict": predict,
+}

@@ -6,6 +6,7 @@ checks a type cannot say. Group nodes (data, model, trainer, ...) are checked on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 

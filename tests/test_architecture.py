@@ -193,6 +193,13 @@ def test_private_lightning_internals_still_exist() -> None:
     assert hasattr(trainer.fit_loop.epoch_loop.val_loop, "_combined_loader")
     assert hasattr(ModelCheckpoint(), "_last_global_step_saved")  # checkpoints.resume
     assert callable(getattr(L.LightningModule, "_apply_batch_transfer_handler", None))  # dp
+    epoch_loop = trainer.fit_loop.epoch_loop
+    assert hasattr(epoch_loop, "_on_before_fetch") and hasattr(
+        epoch_loop, "_on_after_fetch"
+    )  # perf
+    from torch.utils.data import DataLoader
+
+    assert isinstance(DataLoader.__dict__.get("_index_sampler"), property)  # data.resumable
 
 
 def test_help_and_import_stay_free_of_torch() -> None:

@@ -171,6 +171,8 @@ class PerfMonitor(L.Callback):
         gap between two batch hooks would include all of those. Lightning's public profiler API
         cannot be used for this, since a trainer holds one profiler and the user may choose it.
         """
+        # Private hooks (no public API times the fetch alone); if Lightning drops them the share
+        # is skipped with a message, and tests/test_architecture.py fails.
         loop = trainer.fit_loop.epoch_loop
         before = getattr(loop, "_on_before_fetch", None)
         after = getattr(loop, "_on_after_fetch", None)

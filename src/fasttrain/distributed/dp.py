@@ -110,6 +110,8 @@ class DataParallelStrategy(ParallelStrategy):
         self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0
     ) -> Any:
         # DataParallel scatters from the root device, whatever device the caller asked for.
+        # Private: Lightning has no public "run the module's transfer hooks for this device";
+        # tests/test_architecture.py fails if the method goes.
         model = self.lightning_module
         if model is not None:
             return model._apply_batch_transfer_handler(

@@ -155,13 +155,12 @@ def compose_default(case: dict, steps: int, out: Path, with_perf: bool):
 
 
 def run_c(case: dict, net0, steps: int, timer: StepTimer, out: Path, with_perf: bool) -> float:
-    from fasttrain.assemble import build, build_all
+    from fasttrain.assemble import build_run
 
     cfg = compose_default(case, steps, out, with_perf)
-    model = build(cfg.model, "model", net=copy.deepcopy(net0))
-    callbacks = [*build_all(cfg.callbacks, "callbacks"), timer_callback(timer)]
-    loggers = build_all(cfg.logger, "logger")
-    trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
+    # Built exactly as `python train.py` builds it (ResumeState, atomic checkpoint IO included);
+    # the bench feeds its own batches, so the data module goes unused.
+    trainer, model, _ = build_run(cfg, [timer_callback(timer)], net=copy.deepcopy(net0))
     # Validation every epoch as in the default, on a copy of the batches (runs after the window).
     trainer.fit(model, train_dataloaders=loader(case, steps, 0), val_dataloaders=loader(case, 2, 1))
     return final_loss(model.net, case)

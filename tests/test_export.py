@@ -19,7 +19,7 @@ from conftest import CONF, run_cli, run_dirs
 from fasttrain.assemble import restore
 from fasttrain.config.errors import UserError
 from fasttrain.deploy import EXPORTERS, Tolerance, atomic_path, export_and_verify, failures, select
-from fasttrain.export import export
+from fasttrain.tasks import export
 
 ROW_FIELDS = {"file", "size_bytes", "max_abs_diff", "agreement", "accuracy", "samples", "device",
               "latency_ms", "passed", "target"}  # fmt: skip

@@ -76,7 +76,7 @@ def test_peak_tflops_must_be_positive() -> None:
 def test_perf_scalars_and_summary_of_a_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fasttrain.train import train
+    from fasttrain.tasks import train
 
     # peak_tflops enables perf/mfu on a CPU (the table only knows GPUs).
     overrides = ["trainer.log_every_n_steps=2", "callbacks.perf.peak_tflops=1"]

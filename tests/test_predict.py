@@ -17,7 +17,7 @@ from conftest import CONF, run_cli, run_dirs
 from fasttrain.assemble import restore
 from fasttrain.config.errors import UserError
 from fasttrain.deploy.predict import load_inputs
-from fasttrain.predict import predict
+from fasttrain.tasks import predict
 
 
 def predict_cfg(ckpt: Path, tmp_path: Path, *overrides: str) -> DictConfig:

@@ -20,7 +20,7 @@ SHORT = ["data.num_workers=0", "test=false"]
 
 
 def test_profile_writes_a_trace_and_a_summary(tmp_path: Path) -> None:
-    from fasttrain.train import train
+    from fasttrain.tasks import train
 
     # 5 steps: one cycle of Lightning's schedule (skip 1, warm up 1, record 3).
     train(compose_for("debug/profile.yaml", tmp_path, [*SHORT, "trainer.limit_train_batches=5"]))
@@ -34,7 +34,7 @@ def test_profile_writes_a_trace_and_a_summary(tmp_path: Path) -> None:
 
 
 def test_profile_simple_times_the_dataloader(tmp_path: Path) -> None:
-    from fasttrain.train import train
+    from fasttrain.tasks import train
 
     train(
         compose_for(
@@ -46,7 +46,7 @@ def test_profile_simple_times_the_dataloader(tmp_path: Path) -> None:
 
 
 def test_shapes_logs_each_module_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from fasttrain.train import train
+    from fasttrain.tasks import train
 
     with caplog.at_level(logging.INFO, logger="fasttrain.callbacks.profiling"):
         train(compose_for("debug/shapes.yaml", tmp_path))  # fit and test: hooks fire once

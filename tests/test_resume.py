@@ -30,7 +30,7 @@ TESTS_DIR = str(Path(__file__).parent)
 
 def train_in_process(log_dir: Path, run_name: str, extra: list[str] = ()) -> Path:
     """The same run as `python train.py ... run_name=<run_name>`, in this process (no start-up)."""
-    from fasttrain.train import train
+    from fasttrain.tasks import train
 
     run = log_dir / "train" / run_name
     overrides = [*RUN, *extra, f"paths.root_dir={log_dir}", f"paths.log_dir={log_dir}",

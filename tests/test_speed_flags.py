@@ -132,7 +132,7 @@ def test_matmul_precision_and_benchmark_are_applied(tmp_path: Path) -> None:
 def test_bad_practice_override_fails_before_training(
     tmp_path: Path, override: str, message: str
 ) -> None:
-    from fasttrain.train import train
+    from fasttrain.tasks import train
 
     cfg = compose_train(tmp_path, override)
     with pytest.raises(UserError) as err:

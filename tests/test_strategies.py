@@ -111,7 +111,7 @@ def test_only_the_root_replica_logs() -> None:
 
 
 def test_dp_on_cpu_says_so_and_trains(tmp_path: Path, caplog) -> None:
-    from fasttrain.train import train
+    from fasttrain.tasks import train
 
     cfg = compose_train(tmp_path, "trainer=dp", "trainer.accelerator=cpu")
     with caplog.at_level(logging.INFO):

@@ -1,19 +1,22 @@
 """Reading checkpoints: `weights_only=True` always, every failure one line.
 
 A net, optimizer or scheduler is saved as its Hydra spec (`{"_target_": "pkg.Class", **args}`,
-fasttrain.models.spec), which names code instead of pickling it, so loading never executes
-anything from the file.
+fasttrain.models.spec), which names code instead of pickling it. Unpickling never executes
+anything from the file, and a spec is built only after fasttrain.checkpoints.allow has checked
+every target it names, so a checkpoint cannot choose what runs either.
 """
 
 from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fasttrain.checkpoints.allow import check_specs
 from fasttrain.config.errors import UserError
 
 
@@ -44,24 +47,46 @@ def read_checkpoint(path: str | Path, expect: str = "ckpt_path") -> dict[str, An
     return ckpt
 
 
-def load_classifier(path: str | Path) -> tuple[Any, dict[str, Any]]:
-    """Rebuild a Classifier from a checkpoint: (model in eval mode, datamodule hyperparameters)."""
+def load_classifier(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[str, Any]]:
+    """Rebuild a Classifier from a checkpoint: (model in eval mode, data spec).
+
+    The data spec is the data module's hyperparameters, with its `_target_` when the checkpoint
+    recorded it (checkpoints of older versions did not). Every target the checkpoint names must
+    pass fasttrain.checkpoints.allow before anything is built; `allow` adds exact dotted names
+    (e.g. "mypkg.nets.MyNet", a net class kept outside fasttrain.models.nets that conf/ does not
+    name) for callers that load such checkpoints on purpose.
+    """
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     from fasttrain.models import Classifier
+    from fasttrain.models.classifier import DATA_TARGET_KEY
 
     ckpt = read_checkpoint(path)
     hparams = ckpt.get("hyper_parameters") or {}
-    if not isinstance(hparams.get("net"), dict) or "_target_" not in hparams["net"]:
+    data = ckpt.get("datamodule_hyper_parameters") or {}
+    net_spec = hparams.get("net") if isinstance(hparams, dict) else None
+    if not isinstance(net_spec, dict) or "_target_" not in net_spec or not isinstance(data, dict):
         raise UserError(f"ckpt_path={path}: not a fasttrain Classifier checkpoint (no net spec)")
-    net = instantiate(hparams["net"])
-    optimizer = instantiate(hparams["optimizer"]) if hparams.get("optimizer") else None
-    scheduler = instantiate(hparams["scheduler"]) if hparams.get("scheduler") else None
-    model = Classifier(
-        net=net, optimizer=optimizer, scheduler=scheduler,
-        num_classes=hparams["num_classes"],
-        scheduler_interval=hparams.get("scheduler_interval", "epoch"),
-    )  # fmt: skip
+    data = dict(data)
+    if DATA_TARGET_KEY in ckpt:
+        data["_target_"] = ckpt[DATA_TARGET_KEY]
+    check_specs({**hparams, "data": data}, f"ckpt_path={path}", allow)
+    try:
+        net = instantiate(hparams["net"])
+        optimizer = instantiate(hparams["optimizer"]) if hparams.get("optimizer") else None
+        scheduler = instantiate(hparams["scheduler"]) if hparams.get("scheduler") else None
+        model = Classifier(
+            net=net, optimizer=optimizer, scheduler=scheduler,
+            num_classes=hparams["num_classes"],
+            scheduler_interval=hparams.get("scheduler_interval", "epoch"),
+        )  # fmt: skip
+    except (InstantiationException, KeyError, TypeError, ValueError) as err:
+        # ConfigError is a ValueError: a value the Classifier refuses, named by the message.
+        detail = " ".join(str(err).split())[:300]
+        raise UserError(
+            f"ckpt_path={path}: its hyper_parameters do not rebuild a Classifier ({detail})"
+        ) from None
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as err:
@@ -71,4 +96,4 @@ def load_classifier(path: str | Path) -> tuple[Any, dict[str, Any]]:
         raise UserError(
             f"ckpt_path={path}: weights do not fit the net it names ({detail})"
         ) from None
-    return model.eval(), dict(ckpt.get("datamodule_hyper_parameters") or {})
+    return model.eval(), data

@@ -5,6 +5,10 @@ implements Lightning's `state_dict`/`load_state_dict` protocol: Lightning stores
 of the current epoch were served in each checkpoint and, on a mid-epoch restart, hands it back
 before iterating, so the resumed epoch serves exactly the batches the interrupted one had left.
 A plain shuffling DataLoader restarts the epoch from a fresh random order instead.
+
+The position is a number of batches, so it holds only for the batch size it was counted in:
+resuming mid-epoch with another `data.batch_size` is refused (Lightning's own loop counts the
+epoch's batches in the old size too, and would end the epoch early or at once).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
+
+from fasttrain.config.errors import UserError
 
 
 class EpochShuffle(RandomSampler):
@@ -81,7 +87,9 @@ class ResumableLoader(DataLoader):
 
     @property
     def _index_sampler(self) -> Iterable[Any]:
-        # DataLoader's iterators draw their batches of indices from this property.
+        # DataLoader's iterators draw their batches of indices from this property. Private: torch
+        # has no public hook to skip served batches without re-reading them;
+        # tests/test_architecture.py fails if the property goes.
         sampler = super()._index_sampler
         if not self._skip:
             return sampler
@@ -102,9 +110,19 @@ class ResumableLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": int(getattr(self.sampler, "epoch", 0)), "batches": self._served}
+        epoch = int(getattr(self.sampler, "epoch", 0))
+        return {"epoch": epoch, "batches": self._served, "batch_size": self.batch_size or 0}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        # Checkpoints of older versions hold no batch size: taken as this one.
+        saved = state.get("batch_size") or self.batch_size
+        if state["batches"] and saved != self.batch_size:
+            raise UserError(
+                f"data.batch_size={self.batch_size}: the checkpoint stopped mid-epoch after "
+                f"{state['batches']} batches of {saved}, a position that holds for that batch "
+                f"size only; resume with data.batch_size={saved} (it may change at an epoch "
+                "end), or start over with resume=never"
+            )
         set_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(state["epoch"])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -14,12 +17,17 @@ from torch import nn
 from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from fasttrain.config.errors import ConfigError
-from fasttrain.models.spec import spec_of
+from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.config.settings import RUN_LENGTH_ARGS
+from fasttrain.models.spec import qualname, spec_of
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 LrScaling = Literal["none", "linear", "sqrt"]
+
+# Checkpoint key of the data module's `_target_` (read back by fasttrain.checkpoints.load):
+# evaluate, export and predict then refuse to run the checkpoint on another data module.
+DATA_TARGET_KEY = "datamodule_target"
 
 
 def scale_lr(lr: float, effective_batch: int, base_batch: int, rule: LrScaling) -> float:
@@ -39,7 +47,11 @@ class Classifier(L.LightningModule):
         net: any nn.Module mapping a batch [B, ...] to logits [B, num_classes].
         optimizer: a factory taking the parameters (Hydra `_partial_: true`).
         num_classes: number of classes, for the accuracy metrics.
-        scheduler: a factory taking the optimizer, or None for a constant learning rate.
+        scheduler: a factory taking the optimizer, or None for a constant learning rate. A
+            length argument it leaves out (T_max, total_steps) is set to the run's length in
+            scheduler steps: trainer.max_epochs, or the run's optimizer steps (interval "step").
+            A resumed run of another length keeps its position on a schedule re-planned for
+            the new length.
         scheduler_interval: step the scheduler every "epoch" or every optimizer "step".
         lr_scaling: scale the optimizer's lr by the effective batch size (batch_size x
             accumulate_grad_batches x world size) over `base_batch_size`: none, linear or sqrt.
@@ -80,6 +92,7 @@ class Classifier(L.LightningModule):
         self.lr: float | None = None
         self.effective_batch_size: int | None = None
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self._planned_length: dict[str, Any] = {}  # the schedule's length args for this run
         # Plain specs, never objects: checkpoints then load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "net": spec_of(net), "optimizer": spec_of(optimizer), "scheduler": spec_of(scheduler),
@@ -103,9 +116,15 @@ class Classifier(L.LightningModule):
         logits = self(x)
         return F.cross_entropy(logits, y), logits.detach(), y
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None:
+            checkpoint[DATA_TARGET_KEY] = qualname(type(datamodule))
+
     def on_train_start(self) -> None:
         # The sanity-check validation ran on an untrained net; its accuracy is not a "best".
         self.val_acc_best.reset()
+        self._replan_schedule()
         if self.effective_batch_size is not None:
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
             for logger in self.loggers:
@@ -148,7 +167,8 @@ class Classifier(L.LightningModule):
         self._scale_lr(optimizer)
         if self.scheduler_factory is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer)
+        scheduler = self.scheduler_factory(optimizer, **self._length_args())
+        self._planned_length = _length_of(scheduler)
         interval = self.hparams["scheduler_interval"]
         return {
             "optimizer": optimizer,
@@ -175,3 +195,73 @@ class Classifier(L.LightningModule):
                 f"{self.effective_batch_size} (lr_scaling={rule}, "
                 f"base_batch_size={self.hparams['base_batch_size']})"
             )
+
+    def _length_args(self) -> dict[str, int]:
+        """The length arguments the scheduler factory leaves out, set to the run's length."""
+        factory = self.scheduler_factory
+        if not isinstance(factory, functools.partial):
+            return {}
+        params = inspect.signature(factory.func).parameters
+        left_out = [a for a in RUN_LENGTH_ARGS if a in params and a not in factory.keywords]
+        return dict.fromkeys(left_out, self._run_length()) if left_out else {}
+
+    def _run_length(self) -> int:
+        """The run's length in scheduler steps: its epochs, or its optimizer steps."""
+        trainer = self.trainer
+        if self.hparams["scheduler_interval"] == "epoch":
+            if trainer.max_epochs is None or trainer.max_epochs < 0:
+                raise UserError(
+                    f"model.scheduler_interval=epoch: the lr schedule runs over epochs but "
+                    f"trainer.max_epochs={trainer.max_epochs} sets no number of epochs; set "
+                    "trainer.max_epochs, or model.scheduler_interval=step to schedule over "
+                    "the run's optimizer steps (e.g. trainer.max_steps)"
+                )
+            return max(1, trainer.max_epochs)
+        steps = trainer.estimated_stepping_batches
+        if math.isinf(steps):
+            raise UserError(
+                "model.scheduler_interval=step: the lr schedule needs the run's length, but "
+                "trainer.max_epochs=-1 and no trainer.max_steps bound the run; set one of them"
+            )
+        return max(1, int(steps))
+
+    def _replan_schedule(self) -> None:
+        """A resumed run gets its scheduler's state back, length included: a run extended from
+        1 to 3 epochs would go on with a 1-epoch cosine (lr 0, then up again). Keep the position
+        (steps taken) and rebuild the schedule for this run's length by replaying those steps
+        (public scheduler API only: the constructor, then step())."""
+        configs = self.trainer.lr_scheduler_configs
+        if not configs or not self._planned_length or self.scheduler_factory is None:
+            return
+        scheduler = configs[0].scheduler
+        restored = _length_of(scheduler)
+        # Same keys, other values: this scheduler with another length (the LR finder swaps in
+        # a scheduler of its own, which is left alone).
+        if restored.keys() != self._planned_length.keys() or restored == self._planned_length:
+            return
+        position = int(scheduler.last_epoch)
+        optimizer = scheduler.optimizer
+        for group in optimizer.param_groups:  # the constructor starts from the current lr
+            group["lr"] = group["initial_lr"]
+        fresh = self.scheduler_factory(optimizer, **self._planned_length)
+        with warnings.catch_warnings():
+            # torch warns about scheduler steps before any optimizer step: this is a replay.
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(position):
+                fresh.step()
+        scheduler.load_state_dict(fresh.state_dict())
+        unit = self.hparams["scheduler_interval"]
+        rank_zero_info(
+            f"lr schedule re-planned for this run's length: {type(scheduler).__name__} "
+            f"{_shown(restored)} -> {_shown(self._planned_length)} {unit}s, continuing at "
+            f"{unit} {position} with lr {optimizer.param_groups[0]['lr']:.3g}"
+        )
+
+
+def _length_of(scheduler: Any) -> dict[str, Any]:
+    state = scheduler.state_dict()
+    return {arg: state[arg] for arg in RUN_LENGTH_ARGS if arg in state}
+
+
+def _shown(length: dict[str, Any]) -> str:
+    return ", ".join(f"{arg}={value}" for arg, value in length.items())

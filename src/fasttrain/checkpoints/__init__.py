@@ -2,6 +2,7 @@
 SIGTERM).
 
 load.py    read_checkpoint, load_classifier
+allow.py   which code a checkpoint's specs may name (checked before anything is built)
 io.py      AtomicCheckpointIO: a save is the old file or the new one, never half of each
 resume.py  checkpoint_to_resume, check_fits, ResumeState
 """

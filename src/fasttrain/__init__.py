@@ -7,11 +7,22 @@ Importing the package is cheap on purpose: torch and Lightning load only when a 
 __version__ = "0.1.0"
 
 from pathlib import Path
+from typing import Any
 
 # conf/ sits at the repository root beside src/ (the project is installed editable).
 # An absolute path: Hydra would read a relative one as a Python package when the entry
 # point is imported as a module (python -m fasttrain.evaluate).
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def shown(path: str | Path) -> str:
+    """`path` as messages show it: relative to the working directory when it lies below it (so
+    a printed command works as printed from there), else absolute."""
+    absolute = Path(path).absolute()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
 
 
 def _overrides_suffix() -> str:
@@ -26,11 +37,33 @@ def _overrides_suffix() -> str:
     return f"_{overrides.replace('/', '.')}"[:150] if overrides else ""
 
 
+def _launch_dir() -> str:
+    """`${launch_dir:}` in conf/paths: the folder the command was started from.
+
+    Not `${hydra:runtime.cwd}`: Hydra resolves `hydra.sweep.dir` (which derives from it) before
+    it sets its runtime config, so a multirun (`python train.py -m seed=1,2`) would fail with
+    "HydraConfig was not set". With `hydra.job.chdir=true` the job runs elsewhere; Hydra's
+    record of the launch folder wins whenever it has one.
+    """
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if HydraConfig.initialized():
+        hydra: Any = HydraConfig.get()
+        cwd = OmegaConf.select(hydra, "runtime.cwd", throw_on_missing=False)
+        if cwd:
+            return str(cwd)
+    return os.getcwd()
+
+
 def _register_resolvers() -> None:
-    # Registered on import, so every entry point and every test that composes conf/ has it.
+    # Registered on import, so every entry point and every test that composes conf/ has them.
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("overrides_suffix", _overrides_suffix, replace=True)
+    OmegaConf.register_new_resolver("launch_dir", _launch_dir, replace=True)
 
 
 _register_resolvers()

@@ -1,6 +1,13 @@
 """Every entry point goes through `entry(config_name, task)`: a fast `--help`, the command line
-checked before Hydra writes anything, the task run inside Hydra, and the exit codes:
-0 done, 1 a crash (traceback), 2 bad input (one `error:` line, nothing written or lost).
+checked before Hydra writes anything, the run folder claimed, the task run inside Hydra, and the
+exit codes: 0 done, 1 a crash (traceback), 2 bad input (one `error:` line, nothing written or
+lost), 143/130 stopped by SIGTERM/Ctrl-C (fasttrain.fit).
+
+Before Hydra starts: every job's config is composed and checked (config/overrides.py) and
+what it configures is built and thrown away (`construct_each`), so a bad value anywhere in a
+sweep is refused before the sweep folder exists. A single run then claims its folder
+(`RunClaim`): a lock a second run with the same run_name respects, the checks that could refuse
+to resume it, and, with resume=never, the old run moved aside; Hydra is pinned to that folder.
 
     python train.py ...                 entry("train", tasks.train)
     python -m fasttrain.evaluate ...    entry("eval", tasks.evaluate)   (export, predict alike)
@@ -20,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fasttrain import CONFIG_DIR
+from fasttrain import CONFIG_DIR, shown
 from fasttrain.config.errors import UserError
 
 T = TypeVar("T")
@@ -43,6 +50,7 @@ def entry(config_name: str, task: Callable[[Any], Any]) -> None:
 
     sys.argv[1:] = argv = rank_argv(argv)  # a DDP rank of a sweep job: that job only
     checked = run_task(check_command_line, config_name, argv)  # bad input: one line, no files
+    run_task(construct_each, checked.jobs)
     claim = None
     if checked.run_dir is not None:
         if first_process():  # the other ranks of a DDP job share its claim
@@ -118,15 +126,6 @@ def one_log_stream() -> None:
         logger.propagate = True
 
 
-def shown(path: str | Path) -> str:
-    """`path` relative to the working directory when it lies below it, else absolute."""
-    absolute = Path(path).absolute()
-    try:
-        return str(absolute.relative_to(Path.cwd()))
-    except ValueError:
-        return str(absolute)
-
-
 # In each run folder: held (flock) by the run writing there, so a second one refuses to start.
 LOCK_FILE = ".run.lock"
 
@@ -151,7 +150,8 @@ class RunClaim:
         out = self.run_dir
         self.existed = next(p for p in (out, *out.parents) if p.exists())
         self.before = {p.relative_to(out) for p in out.rglob("*")} if out.is_dir() else set()
-        self.saved = {p: p.read_bytes() for p in out.glob(".hydra/*") if p.is_file()}
+        rewritten = [*out.glob(".hydra/*"), out / LOCK_FILE]  # Hydra's config; the lock's pid
+        self.saved = {p: p.read_bytes() for p in rewritten if p.is_file()}
         self.log_sizes = {p: p.stat().st_size for p in out.glob("*.log") if p.is_file()}
 
     def lock(self, run_name: str) -> None:
@@ -250,23 +250,45 @@ def check_resume(job: Any, run_dir: Path) -> None:
     ckpt = checkpoint_to_resume(job.resume, run_dir)
     if ckpt is not None:
         max_epochs = job.trainer.get("max_epochs")
-        check_fits(ckpt, shapes_only_model(job), max_epochs, resume=str(job.resume))
+        check_fits(ckpt, construct(job), max_epochs, resume=str(job.resume))
 
 
-def shapes_only_model(job: Any) -> Any:
-    """The run's model on the meta device (parameter shapes, no memory, no init cost), or None
-    when it cannot be built there; fit checks that one against the checkpoint again."""
+def construct_each(jobs: list[Any]) -> None:
+    """Build what each training job configures and throw it away, before Hydra writes anything:
+    the range checks live in the constructors (data.batch_size=0, trainer.accumulate_grad_batches
+    =0, ...), so this is what refuses a bad value in any job of a sweep."""
+    for job in jobs:
+        if "model" in job:  # evaluate, export, predict take their model from a checkpoint
+            construct(job)
+
+
+def construct(job: Any) -> Any:
+    """The data module, callbacks and trainer of a training job, and its model on the meta
+    device (parameter shapes only: no memory, no init cost), built quietly (Lightning's
+    start-up lines belong to the run). Returns the model, or None when it cannot be built on
+    the meta device (fit then checks it against a checkpoint)."""
+    import warnings
+
     import torch
 
-    from fasttrain.assemble import build_model
+    from fasttrain.assemble import build, build_all, build_model
 
+    logging.disable(logging.INFO)
     try:
-        with torch.device("meta"):
-            return build_model(job.model)
-    except UserError:
-        raise
-    except Exception:
-        return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            build(job.data, "data")
+            callbacks = build_all(job.get("callbacks"), "callbacks")
+            build(job.trainer, "trainer", callbacks=callbacks, logger=False)
+            try:
+                with torch.device("meta"):
+                    return build_model(job.model)
+            except UserError:
+                raise
+            except Exception:
+                return None
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 # Flags that must keep Hydra's own behaviour (its help about Hydra itself, shell completion...).

@@ -1,5 +1,5 @@
-"""Everything around `trainer.fit`: run-level knobs, Lightning's tuner, resume, SIGTERM and the
-out-of-memory retry. fasttrain.tasks.train calls `prepare`, `tune` and `fit`, in that order.
+"""Everything around `trainer.fit`: run-level knobs, Lightning's tuner, resume, SIGTERM/Ctrl-C and
+the out-of-memory retry. fasttrain.tasks.train calls `prepare`, `tune` and `fit`, in that order.
 
 `oom_fallback=true`: on CUDA out-of-memory during fit, halve the micro-batch, double gradient
 accumulation (the effective batch, and so the optimisation, stays the same) and fit again from
@@ -10,18 +10,21 @@ DDP a rank that shrinks its batch alone would fall out of step with the others.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fasttrain.checkpoints.resume import ResumeState, check_fits
+from fasttrain import shown
+from fasttrain.checkpoints.resume import ResumeState, check_fits, how_to_continue
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +58,56 @@ def tune(trainer: Any, model: Any, datamodule: Any, lr_find: bool = False,
 
 def fit_once(trainer: Any, model: L.LightningModule, datamodule: Any,
              ckpt_path: str | None) -> None:  # fmt: skip
-    """trainer.fit from `ckpt_path`; after a SIGTERM, exit 143 with how to resume."""
+    """trainer.fit from `ckpt_path`. SIGTERM or Ctrl-C: last.ckpt after the current batch, then
+    exit 143 (130) with the command that continues the run."""
     if ckpt_path:
-        check_fits(ckpt_path, model)
+        check_fits(ckpt_path, model, trainer.max_epochs)
     try:
-        # weights_only: resuming never unpickles code from a checkpoint file.
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        with ctrl_c_as_sigterm() as ctrl_c:
+            # weights_only: resuming never unpickles code from a checkpoint file.
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
+        signum = signal.SIGINT if ctrl_c else signal.SIGTERM
         state = next((c for c in trainer.callbacks if isinstance(c, ResumeState)), None)
         saved = state.sigterm_checkpoint if state else None
-        how = f"saved {saved}; resume with the same run_name" if saved else "nothing saved"
-        print(f"stopped by SIGTERM; {how}", file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM)
+        log.warning(stopped(signum, trainer.global_step, saved))  # console and the run's log
+        sys.exit(128 + signum)
+
+
+def stopped(signum: int, step: int, saved: str | None) -> str:
+    """One line: what stopped the run, what was saved, how to continue."""
+    by = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    what = f"saved {shown(saved)}" if saved else "nothing saved"
+    return f"stopped by {by} at step {step}: {what}; {how_to_continue(saved)}"
+
+
+@contextlib.contextmanager
+def ctrl_c_as_sigterm() -> Iterator[list[int]]:
+    """During fit, Ctrl-C (SIGINT) does what SIGTERM does: Lightning finishes the current batch,
+    ResumeState saves last.ckpt, fit_once exits. Lightning's own Ctrl-C handling
+    (KeyboardInterrupt) saves nothing. A second Ctrl-C, or one before Lightning listens for
+    SIGTERM, interrupts at once. The list yields the SIGINTs taken over."""
+    taken: list[int] = []
+    # Handlers can only be set from the main thread; a process started with SIGINT ignored
+    # (nohup, a background job of a script) keeps ignoring it.
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield taken
+        return
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        if taken or signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.SIG_IGN, None):
+            raise KeyboardInterrupt
+        taken.append(signum)
+        print("Ctrl-C: stopping after this batch and saving last.ckpt (Ctrl-C again: stop now, "
+              "unsaved)", file=sys.stderr)  # fmt: skip
+        signal.raise_signal(signal.SIGTERM)  # Lightning's handler (trainer.received_sigterm)
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield taken
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 FitOnce = Callable[[L.Trainer, L.LightningModule, Any, "str | None"], None]

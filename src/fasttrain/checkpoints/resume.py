@@ -10,8 +10,12 @@ callback states. What it leaves out, and where it is handled:
 - RNG states: `ResumeState` reseeds torch/numpy/random before every training batch from
   (seed, epoch, batch, rank), so the stream a batch sees depends on its position only;
 - a kill during a save: fasttrain.checkpoints.io.AtomicCheckpointIO;
-- SIGTERM: Lightning stops after the current batch; `ResumeState` saves `last.ckpt` first and
-  fasttrain.fit exits 143.
+- SIGTERM (and Ctrl-C, which fasttrain.fit turns into one): Lightning stops after the current
+  batch; `ResumeState` saves `last.ckpt` first and fasttrain.fit exits 143 (130), printing the
+  command that continues the run (`how_to_continue`).
+
+fasttrain.cli checks the checkpoint a run would continue from (`check_fits`) before Hydra
+writes anything into the run folder, so a refusal never touches the run it refuses to continue.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from lightning.pytorch.callbacks import Callback
 
+from fasttrain import shown
 from fasttrain.checkpoints.load import read_checkpoint
 from fasttrain.config.errors import UserError
 
@@ -46,13 +51,32 @@ def checkpoint_to_resume(resume: str | None, output_dir: str | Path) -> str | No
     return str(path)
 
 
-def check_fits(ckpt_path: str, model: Any) -> None:
-    """Refuse a checkpoint of another model in one line (Lightning would fail deep in fit).
+def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
+               resume: str | None = None) -> None:  # fmt: skip
+    """Refuse, in one line, a checkpoint this run cannot continue from: unreadable, of another
+    model (Lightning would fail deep in fit), or further than `trainer.max_epochs`.
 
-    Loading goes through read_checkpoint: weights_only, so pickled code is refused unexecuted.
+    `model` may live on the meta device (only names and shapes are compared) or be None (not
+    compared). `resume` is the value that chose the checkpoint ("auto": the message then names
+    what else there is). The file is memory-mapped and loaded with weights_only: it is not read
+    whole, and pickled code in it is refused unexecuted.
     """
-    state = read_checkpoint(ckpt_path, expect="resume")["state_dict"]
-    own = model.state_dict()
+    ckpt = _read(ckpt_path, resume)
+    if model is not None:
+        which = f"resume=auto: {shown(ckpt_path)}" if resume == "auto" else f"resume={ckpt_path}:"
+        _same_model(ckpt["state_dict"], model.state_dict(), which)
+    epoch = ckpt.get("epoch")
+    # Lightning's own rule (it raises MisconfigurationException with a traceback, in fit).
+    limited = isinstance(max_epochs, int) and max_epochs != -1
+    if limited and isinstance(epoch, int) and epoch > cast(int, max_epochs):
+        raise UserError(
+            f"trainer.max_epochs={max_epochs}: {shown(ckpt_path)}, the checkpoint to resume, "
+            f"is at epoch {epoch}; set trainer.max_epochs={epoch} or more, or start over "
+            "with resume=never"
+        )
+
+
+def _same_model(state: dict[str, Any], own: dict[str, Any], which: str) -> None:
     missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
     wrong = [k for k in own.keys() & state.keys() if own[k].shape != state[k].shape]
     if missing or unexpected or wrong:
@@ -62,9 +86,77 @@ def check_fits(ckpt_path: str, model: Any) -> None:
             else f"missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
         raise UserError(
-            f"resume={ckpt_path}: the checkpoint is of a different model ({first}); "
+            f"{which} the checkpoint is of a different model ({first}); "
             "use the model config it was trained with, or resume=never"
         )
+
+
+def _read(path: str | Path, resume: str | None = None) -> dict[str, Any]:
+    """The checkpoint, memory-mapped; its one-line refusal from read_checkpoint otherwise."""
+    ckpt = _mapped(path)
+    if ckpt is not None:
+        return ckpt
+    try:
+        return read_checkpoint(path, expect="resume")
+    except UserError as err:
+        if resume != "auto":
+            raise
+        reason = str(err).removeprefix(f"resume={path}: ")
+        raise UserError(f"resume=auto: {shown(path)}: {reason}; {_instead(Path(path))}") from None
+
+
+def _mapped(path: str | Path) -> dict[str, Any] | None:
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    return ckpt if isinstance(ckpt, dict) and "state_dict" in ckpt else None
+
+
+def _instead(bad: Path) -> str:
+    """What to do when resume=auto picked an unreadable checkpoint: the newest readable one
+    beside it (the best checkpoint, usually), or starting over."""
+    others = sorted(bad.parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    good = next((p for p in others if p != bad and _mapped(p) is not None), None)
+    if good is None:
+        return "no readable checkpoint beside it: start over with resume=never"
+    return f"continue from the one beside it with resume={shown(good)}, or start over: resume=never"
+
+
+def how_to_continue(saved: str | None) -> str:
+    """The command that continues this run, said truly: the same overrides in the same run
+    folder, with `resume=PATH` added only where resume=auto would not find `saved` there."""
+    import shlex
+    import sys
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from fasttrain.config.overrides import quote
+
+    if not HydraConfig.initialized():  # called outside an entry point (tests, notebooks)
+        return f"continue with resume={shown(saved)}" if saved else "no checkpoint saved"
+    hc = HydraConfig.get()
+    out = str(hc.runtime.output_dir)
+    args = [o for o in hc.overrides.task if not o.startswith(("resume=", "hydra.run.dir="))]
+    if str(hc.mode).endswith("MULTIRUN"):  # the one job of the sweep, again in its folder
+        args += ["hydra.mode=RUN", f"hydra.run.dir={quote(shown(out))}"]
+    else:
+        hydra = {o.split("=", 1)[0]: o for o in hc.overrides.hydra}  # the last of each key
+        dropped = ("hydra.mode", "hydra.job.", "hydra.output_", "hydra.run.dir")
+        args += [o for k, o in hydra.items() if not k.startswith(dropped)]
+        if "hydra.run.dir" in hydra:  # the folder fasttrain.cli pinned (or one given)
+            args.append(f"hydra.run.dir={quote(shown(out))}")
+    found = checkpoint_to_resume("auto", out)
+    if saved and (found is None or not Path(found).samefile(saved)):
+        args.append(f"resume={quote(shown(saved))}")
+    command = shlex.join([shown(sys.executable), shown(sys.argv[0]), *args])
+    if saved:
+        return f"continue with: {command}"
+    if found:
+        return f"the newest checkpoint is {shown(found)}; continue from it with: {command}"
+    return f"no checkpoint to continue from; start over with: {command}"
 
 
 class ResumeState(Callback):
@@ -116,5 +208,5 @@ def _save_last(trainer: Any) -> str:
     callback = _last_saver(trainer) or trainer.checkpoint_callback
     folder = Path(callback.dirpath) if callback and callback.dirpath else None
     path = str((folder or Path(trainer.default_root_dir) / "checkpoints") / LAST)
-    trainer.save_checkpoint(path)
+    trainer.save_checkpoint(path, weights_only=False)  # the whole state: a resumable checkpoint
     return path

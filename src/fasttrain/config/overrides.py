@@ -9,15 +9,30 @@ first turns each kind of mistake into one UserError naming the override and what
 
 and then validates the composed config against the signatures (fasttrain.config.schema), so a wrong
 type or an unknown argument fails before Hydra creates or overwrites a run folder.
+
+A sweep (`-m seed=1,2 data.batch_size=0,64`, or a config that sets `hydra.mode: MULTIRUN` such
+as hparams_search=optuna) is checked job by job: every combination of the swept values when
+there are few, otherwise enough combinations that each value is checked once, before Hydra
+writes the sweep folder. `--cfg job` and other flags that print instead of running are checked
+the same way; the flags that change where configs come from (--config-path, --config-dir) or
+only ask Hydra something (--info, --hydra-help, --shell-completion) are left to Hydra.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
+import itertools
 import os
 import re
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from fasttrain import CONFIG_DIR
 from fasttrain.config.errors import UserError
@@ -25,29 +40,176 @@ from fasttrain.config.errors import UserError
 # Keys an entry point no longer has, and what replaced them.
 RENAMED = {"train": {"ckpt_path": "resume=PATH"}}
 _SHOWN = 12  # at most this many valid keys in a message
+# Up to this many jobs a sweep is checked combination by combination; beyond, each value once.
+_FULL_GRID = 8
+# A range sweep longer than this is checked at its ends (and middle) only.
+_LONG_RANGE = 16
 
 
-def check_command_line(config_name: str, argv: list[str]) -> None:
-    """Compose `argv` as Hydra will and validate it; raise UserError on the first mistake.
+@dataclass
+class Checked:
+    """What Hydra is about to do with a command line that passed the checks.
 
-    Flags (--cfg, -m/--multirun, --config-name, ...) are Hydra's business: then nothing is
-    checked here and Hydra reports as usual.
+    `jobs` holds the composed config of each job checked (the hydra node removed; one for a run,
+    the checked combinations for a sweep, none when Hydra answers a flag itself). `run_dir` is
+    the folder of a single run, resolved exactly as Hydra will (None for a sweep or a command
+    that only prints); `pin` the overrides that keep Hydra on that folder (see `_pin`).
     """
-    if any(arg.startswith("-") for arg in argv):
-        return
-    from hydra.errors import HydraException
-    from omegaconf import open_dict
+
+    jobs: list[Any] = field(default_factory=list)
+    run_dir: Path | None = None
+    pin: list[str] = field(default_factory=list)
+
+
+def check_command_line(config_name: str, argv: list[str]) -> Checked:
+    """Compose `argv` as Hydra will and validate each job; raise UserError on the first mistake."""
+    flags = _hydra_flags(argv)
+    if flags is None or _left_to_hydra(flags):
+        return Checked()
+    config_name = flags.config_name or config_name
+    overrides: list[str] = list(flags.overrides or [])
+    parsed = _parse(overrides)
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    first = [*fixed, *(f"{o.get_key_element()}={_values(o)[0]}" for o in sweeps if _values(o))]
+    cfg = _check_job(config_name, first, overrides, multirun=bool(flags.multirun or sweeps))
+    mode = OmegaConf.select(cfg, "hydra.mode", default=None)
+    multirun = bool(flags.multirun) or (str(mode).endswith("MULTIRUN") and not flags.run)
+    if sweeps and not multirun:
+        bad = sweeps[0].input_line
+        raise UserError(
+            f"{bad}: several values sweep only with -m (python {Path(sys.argv[0]).name} -m "
+            f"{bad}); a list is written key=[a,b], a text with a comma quoted: key='a,b'"
+        )
+    if not multirun:
+        if flags.cfg is not None:  # --cfg job|hydra|all: Hydra prints the config, runs nothing
+            return Checked([_without_hydra(cfg)])
+        run_dir = Path(str(cfg.hydra.runtime.output_dir))
+        return Checked([_without_hydra(cfg)], run_dir, _pin(cfg, parsed))
+    jobs = [_without_hydra(cfg)]
+    for combination in _combinations(fixed, _sweep_dims(sweeps, cfg, parsed)):
+        if combination != first:
+            jobs.append(_without_hydra(_check_job(config_name, combination, overrides, True)))
+    return Checked(jobs)
+
+
+def _hydra_flags(argv: list[str]) -> Any:
+    """Hydra's own reading of the command line (flags and overrides); None if Hydra would
+    reject the flags (it then says why itself)."""
+    # Private: Hydra has no public parser for its command line (hydra.main uses this one);
+    # tests/test_reliability_run_sweeps.py fails loudly if it moves.
+    from hydra._internal.utils import get_args_parser
 
     try:
-        cfg = _compose(config_name, argv, hydra=True)
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            return get_args_parser().parse_args(argv)
+    except SystemExit:
+        return None
+
+
+def _left_to_hydra(flags: Any) -> bool:
+    """Flags that take configs from elsewhere or only ask Hydra something: its business."""
+    return bool(
+        flags.config_path or flags.config_dir or flags.info or flags.hydra_help
+        or flags.shell_completion or flags.experimental_rerun or flags.help
+    )  # fmt: skip
+
+
+def _parse(overrides: list[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return list(OverridesParser.create().parse_overrides(overrides))
+    except HydraException as err:
+        raise UserError(_bad_syntax(overrides) or _first_line(err)) from None
+
+
+def _check_job(config_name: str, overrides: list[str], argv: list[str], multirun: bool) -> Any:
+    """The composed config of one job (hydra node included), validated."""
+    from hydra.errors import HydraException
+
+    try:
+        cfg = _compose(config_name, overrides, hydra=True)
     except HydraException as err:
         raise UserError(explain(err, config_name, argv)) from None
-    _as_in_a_run(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    _as_in_a_run(cfg, multirun)
     from fasttrain.config.schema import validate
 
-    validate(cfg, entry=config_name)
+    validate(_without_hydra(cfg), entry=config_name)
+    return cfg
+
+
+def _without_hydra(cfg: Any) -> Any:
+    """A job's own config, as the task receives it (Hydra's node left out)."""
+    return OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
+
+
+def _values(override: Any) -> list[str]:
+    """The values a sweep override stands for, as override strings (an interval: its ends)."""
+    from hydra.core.override_parser.types import IntervalSweep
+    from hydra.errors import HydraException
+
+    if override.is_interval_sweep():
+        sweep = override.value()
+        assert isinstance(sweep, IntervalSweep)
+        return [str(sweep.start), str(sweep.end)]
+    try:
+        values = list(itertools.islice(override.sweep_string_iterator(), 1000))
+    except HydraException:  # a glob over a group's options: Hydra expands it
+        return []
+    if override.is_range_sweep() and len(values) > _LONG_RANGE:
+        values = [values[0], values[len(values) // 2], values[-1]]
+    return values
+
+
+def _sweep_dims(sweeps: list[Any], cfg: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
+    """(key, values) of each swept key: the command line's, then the sweeper's `params` (e.g.
+    hparams_search=optuna) for keys the command line does not set."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = {o.key_or_group for o in parsed}
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    parser = OverridesParser.create()
+    from_config = [parser.parse_override(f"{k}={v}") for k, v in params.items() if k not in given]
+    dims = [(o.get_key_element(), _values(o)) for o in [*sweeps, *from_config]]
+    return [(key, values) for key, values in dims if values]
+
+
+def _combinations(fixed: list[str], dims: list[tuple[str, list[str]]]) -> list[list[str]]:
+    """The jobs to check: the whole grid when small, else rows that use each value once."""
+    if not dims:
+        return []
+    keys, value_lists = zip(*dims, strict=True)
+    total = 1
+    for values in value_lists:
+        total *= len(values)
+    if total <= _FULL_GRID:
+        rows = list(itertools.product(*value_lists))
+    else:
+        rows = [tuple(v[i % len(v)] for v in value_lists)
+                for i in range(max(map(len, value_lists)))]  # fmt: skip
+    return [[*fixed, *(f"{k}={v}" for k, v in zip(keys, row, strict=True))] for row in rows]
+
+
+def _pin(cfg: Any, parsed: list[Any]) -> list[str]:
+    """The override that makes Hydra use the folder checked here, unless a given run_name
+    names it already. The default run name holds the time (`${now:...}`), which Hydra would
+    read again a moment later: a second may pass. A hydra.* override, so it is recorded in
+    .hydra/hydra.yaml and the run's overrides.yaml stays what was typed."""
+    keys = {o.key_or_group for o in parsed}
+    if "run_name" in keys and "hydra.run.dir" not in keys:
+        return []
+    return [f"hydra.run.dir={quote(str(cfg.hydra.runtime.output_dir))}"]
+
+
+def quote(value: str) -> str:
+    """`value` as one Hydra override value, taken literally (`=`, `,`, spaces...): in single
+    quotes, where a backslash is an escape only before a quote (or the closing one)."""
+    if not re.search(r"[\\\s=,:'\"()\[\]{}$]", value):
+        return value
+    value = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 def _compose(config_name: str, overrides: list[str], hydra: bool = False) -> Any:
@@ -57,16 +219,17 @@ def _compose(config_name: str, overrides: list[str], hydra: bool = False) -> Any
         return compose(config_name, overrides=overrides, return_hydra_config=hydra)
 
 
-def _as_in_a_run(cfg: Any) -> None:
-    """Fill what Hydra fills when a run starts, so `${hydra:runtime.*}` values resolve."""
+def _as_in_a_run(cfg: Any, multirun: bool = False) -> None:
+    """Fill what Hydra fills when a job starts, so `${hydra:runtime.*}` values resolve."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict, read_write
 
     with open_dict(cfg):
         cfg.hydra.runtime.cwd = os.getcwd()
-    # The run dir may itself need `${hydra:runtime.cwd}` (paths.root_dir): set that first.
+    # The run dir may itself need the launch folder (paths.root_dir): set that first.
     HydraConfig.instance().set_config(cfg)
-    run_dir = cfg.hydra.run.dir
+    # A sweep's jobs live below its folder; which one does not matter for the checks.
+    run_dir = os.path.abspath(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
@@ -81,6 +244,8 @@ def explain(err: Exception, config_name: str, overrides: list[str]) -> str:
     if isinstance(err, MissingConfigException) and err.options is not None:
         group, _, name = str(err.missing_cfg_file).rpartition("/")
         return f"{group}={name}: no such option in {group}/{_suggest(name, err.options, '')}"
+    # Hydra's errors carry the key only in their text; tests/test_bad_input.py has a case for
+    # each pattern below, so a changed message fails there instead of printing Hydra's lines.
     text = str(err)
     if match := re.match(r"Could not override '([^']+)'", text):
         return _unknown_key(match.group(1), config_name, overrides)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
+from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -45,6 +49,25 @@ def resolve_pin_memory(pin_memory: bool | Auto) -> bool:
     if pin_memory == "auto":
         return torch.cuda.is_available()
     return pin_memory
+
+
+def worker_init(rank: int) -> Callable[[int], None]:
+    """Each loader worker's start: leave SIGTERM and Ctrl-C to the training process.
+
+    Both reach every process of the group (`timeout`, SLURM, a terminal); a worker that died of
+    them made the main process fail with "DataLoader worker ... killed by signal" instead of
+    saving last.ckpt after the current batch (fasttrain.fit). Lightning seeds workers through
+    `worker_init_fn` only where none is set, so that seeding is kept here.
+    """
+    seed = bool(int(os.environ.get("PL_SEED_WORKERS", 0)))  # as Lightning decides it
+    return functools.partial(_start_worker, rank=rank, seed=seed)
+
+
+def _start_worker(worker_id: int, rank: int, seed: bool) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if seed:
+        pl_worker_init_function(worker_id, rank=rank)
 
 
 class TensorDataModule(L.LightningDataModule):
@@ -120,6 +143,7 @@ class TensorDataModule(L.LightningDataModule):
             **order,
             batch_size=self.batch_size,
             num_workers=workers,
+            worker_init_fn=worker_init(self.trainer.global_rank if self.trainer else 0),
             pin_memory=self.pin_memory,
             # Both only exist with worker processes; DataLoader rejects them otherwise.
             persistent_workers=self.persistent_workers and workers > 0,

@@ -11,6 +11,7 @@ import pytest
 from practices import build_run, compose_train
 
 from conftest import scalars
+from fasttrain import fit
 from fasttrain.fit import tune
 from fasttrain.models.classifier import scale_lr
 
@@ -44,8 +45,12 @@ def test_optimizer_lr_scaled_by_effective_batch_and_logged(tmp_path: Path, rule:
     assert tags["lr/scaled"] == [pytest.approx(expected)]
 
 
-def test_lr_find_sets_the_lr_used_for_training(tmp_path: Path) -> None:
-    # The range test needs a few dozen steps within the one epoch it may run.
+def test_lr_find_sets_the_lr_used_for_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The range test needs a few dozen steps within the one epoch it may run. Whether its
+    # suggestion is credible is tests/test_truth_runs.py's business: here it is taken.
+    monkeypatch.setattr(fit, "credible_lr", lambda lrs, losses, lr, configured: (lr, "taken"))
     cfg = compose_train(tmp_path, *CPU, "model.optimizer.lr=0.123", "data.batch_size=16",
                         "trainer.limit_train_batches=40")  # fmt: skip
     first = FirstLr()

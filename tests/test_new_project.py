@@ -38,6 +38,15 @@ def run_tests(project: Path, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def text_of(path: Path) -> str:
+    """A text file's text; "" for a binary one (a checkpoint under tests/data), which `rename`
+    leaves alone too."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return ""
+
+
 def check_renamed(project: Path, package: str) -> None:
     assert (project / "src" / package / "train.py").is_file()
     assert not (project / "src" / TEMPLATE).exists()
@@ -47,7 +56,7 @@ def check_renamed(project: Path, package: str) -> None:
     leftovers = [
         f"{path.relative_to(project)}: {line.strip()}"
         for path in project.rglob("*") if path.is_file() and ".git" not in path.parts
-        for line in path.read_text(errors="ignore").splitlines()
+        for line in text_of(path).splitlines()
         if LEFTOVER.search(line) and "template." not in line
     ]  # fmt: skip
     assert not leftovers, leftovers
@@ -55,7 +64,10 @@ def check_renamed(project: Path, package: str) -> None:
     project_name = package.replace("_", "-")
     assert f'name = "{project_name}"' in pyproject
     assert f'{project_name}-train = "{package}.train:main"' in pyproject
-    assert (project / "README.md").read_text().startswith(f"# {project_name}\n")
+    readme = (project / "README.md").read_text()
+    assert readme.startswith(f"# {project_name}\n")
+    # The README tells how to copy the project with copier only where copier.yml came along.
+    assert ("copier copy" in readme) == (project / "copier.yml").exists()
     assert f"_target_: {package}.models.Classifier" in (project / "conf/model/cnn.yaml").read_text()
     log = subprocess.run(["git", "log", "--oneline"], cwd=project, capture_output=True, text=True)
     assert len(log.stdout.splitlines()) == 1, log.stdout + log.stderr
@@ -98,6 +110,33 @@ def test_bad_package_name_is_refused(name: str, message: str, tmp_path: Path) ->
     proc = make_new_project(dest, name)
     assert proc.returncode != 0 and message in proc.stderr
     assert not dest.exists()
+
+
+@pytest.mark.parametrize("name", ["torch", "os", "json", "lightning", "sklearn"])
+def test_a_name_that_shadows_a_module_is_refused(name: str, tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    proc = make_new_project(dest, name)
+    assert proc.returncode == 2, proc.stderr
+    assert f"package name '{name}' shadows the importable module {name}" in proc.stderr
+    assert not dest.exists()
+
+
+def test_the_copier_section_goes_where_copier_yml_does_not(tmp_path: Path) -> None:
+    from fasttrain.tools.new_project import create
+
+    template = tmp_path / "template"
+    (template / "src" / TEMPLATE).mkdir(parents=True)
+    (template / "src" / TEMPLATE / "__init__.py").write_text("")
+    (template / "copier.yml").write_text("project_name: {type: str}\n")
+    (template / "README.md").write_text(
+        f"# {TEMPLATE}\n\n## New project\n\n```bash\nmake new-project NAME=x DEST=../x\n```\n\n"
+        "<!-- template-only -->\nOr: `copier copy --trust URL ../x`.\n<!-- /template-only -->\n\n"
+        "The copy leaves out run outputs.\n"
+    )
+    dest = create(tmp_path / "new", NEW, src=template, init_git=False)
+    readme = (dest / "README.md").read_text()
+    assert not (dest / "copier.yml").exists() and "copier" not in readme
+    assert "make new-project NAME=x DEST=../x\n```\n\nThe copy leaves out run outputs.\n" in readme
 
 
 def test_non_empty_destination_is_refused(tmp_path: Path) -> None:

@@ -49,24 +49,32 @@ def test_cli_predicts_the_test_split(mlp_ckpt: Path, test_split, tmp_path: Path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = run_dirs(tmp_path, "predict")
     rows = read_csv(run / "predictions.csv")
-    assert list(rows[0]) == ["index", "pred", "prob", "label"] and len(rows) == len(x)
+    probs_of = [f"prob_{i}" for i in range(10)]
+    assert list(rows[0]) == ["index", "pred", "class", "prob", *probs_of, "label"]
+    assert len(rows) == len(x)
     assert [int(r["index"]) for r in rows] == list(range(len(x)))
     assert [int(r["pred"]) for r in rows] == logits.argmax(1).tolist()
     assert [int(r["label"]) for r in rows] == y.tolist()
     probs = torch.tensor([float(r["prob"]) for r in rows])
     assert torch.allclose(probs, logits.softmax(1).max(1).values, atol=1e-5)
+    every = torch.tensor([[float(r[c]) for c in probs_of] for r in rows])
+    assert torch.allclose(every, logits.softmax(1), atol=1e-5)
     accuracy = (logits.argmax(1) == y).float().mean().item()
     assert accuracy > 0.8 and f"accuracy {accuracy:.4f}" in proc.stdout
 
 
 def test_predict_an_npy_file(mlp_ckpt: Path, test_split, tmp_path: Path) -> None:
     x, _, logits = test_split
-    np.save(tmp_path / "x.npy", x[:10].numpy().astype(np.float64))  # any numeric dtype works
+    # input= takes raw inputs, as the exported files do: the test split's pixels unstandardised
+    mean, std = restore(predict_cfg(mlp_ckpt, tmp_path))[1].input_statistics()
+    raw = (x[:10] * std + mean).numpy().astype(np.float64)  # any numeric dtype works
+    np.save(tmp_path / "x.npy", raw)
     out = predict(predict_cfg(mlp_ckpt, tmp_path, f"input={tmp_path}/x.npy",
                               f"output_dir={tmp_path}/out"))  # fmt: skip
     assert out == tmp_path / "out" / "predictions.csv"
     rows = read_csv(out)
-    assert list(rows[0]) == ["index", "pred", "prob"] and len(rows) == 10  # no labels: no column
+    assert list(rows[0])[:4] == ["index", "pred", "class", "prob"] and len(rows) == 10
+    assert "label" not in rows[0]  # no labels: no column
     assert [int(r["pred"]) for r in rows] == logits[:10].argmax(1).tolist()
 
 

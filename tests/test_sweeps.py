@@ -42,6 +42,7 @@ def test_optuna_search_maximises_the_metric_the_runs_return(tmp_path: Path) -> N
         tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "setup plugin" not in proc.stdout + proc.stderr  # alembic's INFO lines stay quiet
     runs = sweep_runs(tmp_path)
     assert len(runs) == 2
     (result,) = tmp_path.glob("train/multirun/*/optimization_results.yaml")

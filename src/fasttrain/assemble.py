@@ -208,6 +208,14 @@ class Trainer(L.Trainer):
             raise ConfigError(
                 "gradient_clip_val", gradient_clip_val, "expected a number >= 0 or null"
             )
+        accelerator = kwargs.get("accelerator")
+        if accelerator in ("gpu", "cuda") and not _gpu_available():
+            raise ConfigError(
+                "accelerator",
+                accelerator,
+                "needs a GPU and none is visible here (trainer=gpu, ddp "
+                "and fsdp need one); use trainer=cpu, or trainer=ddp_cpu for DDP on CPU processes",
+            )
         if gradient_clip_algorithm not in (None, "norm", "value"):
             raise ConfigError(
                 "gradient_clip_algorithm",
@@ -221,3 +229,10 @@ class Trainer(L.Trainer):
             gradient_clip_algorithm=gradient_clip_algorithm,
             **kwargs,
         )
+
+
+def _gpu_available() -> bool:
+    """What Lightning's accelerator="gpu" can run on: a CUDA or an Apple MPS device."""
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
+
+    return CUDAAccelerator.is_available() or MPSAccelerator.is_available()

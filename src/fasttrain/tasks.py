@@ -75,18 +75,24 @@ def export(cfg: Any) -> dict[str, Any]:
 
     from fasttrain.assemble import build, restore
     from fasttrain.deploy import export_and_verify, failures, resolve_device, run_dir_of, select
+    from fasttrain.deploy.inputs import describe, input_statistics, raw_batches, with_preprocessing
 
     # Every argument is checked before the checkpoint is read, and that before a file is written.
     exporters = select(str(cfg.format))
     device = resolve_device(str(cfg.device))
     tolerance = build(cfg.tolerance, "tolerance")
     model, datamodule = restore(cfg)
-    x = next(iter(datamodule.test_dataloader()))[0]
+    # Every file takes raw inputs: the data module's preprocessing is its first layer, and the
+    # checks feed it the test split as raw inputs.
+    mean, std = input_statistics(datamodule)
+    deployed = with_preprocessing(model.net, mean, std)
+    x = next(raw_batches(datamodule.test_dataloader(), mean, std))[0]
     example = x[torch.arange(max(2, len(x))) % len(x)]  # torch.export needs a batch of >= 2
     out_dir = Path(cfg.output_dir) if cfg.output_dir else run_dir_of(cfg.ckpt_path) / "export"
     result = export_and_verify(
-        model.net, exporters, example, datamodule.test_dataloader(), out_dir, device,
-        tolerance, float(cfg.latency_time), source=str(cfg.ckpt_path),
+        deployed, exporters, example, raw_batches(datamodule.test_dataloader(), mean, std),
+        out_dir, device, tolerance, float(cfg.latency_time), source=str(cfg.ckpt_path),
+        metadata=describe(mean, std, datamodule.input_shape),
     )  # fmt: skip
     missed = failures(result)
     if missed and cfg.get("strict", True):
@@ -96,27 +102,32 @@ def export(cfg: Any) -> dict[str, Any]:
 
 
 def predict(cfg: Any) -> Path:
-    """python -m fasttrain.predict ckpt_path=PATH [input=x.npy]: predictions.csv."""
+    """python -m fasttrain.predict ckpt_path=PATH [input=x.npy]: predictions.csv. `input=` takes
+    raw inputs (as the exported files do); the data module's preprocessing is applied here."""
     check_settings(cfg, "predict")  # also here: tests and notebooks call the task directly
     from rich.console import Console
 
     from fasttrain.assemble import restore
     from fasttrain.deploy import resolve_device, torch_runner
+    from fasttrain.deploy.inputs import class_names, input_statistics, with_preprocessing
     from fasttrain.deploy.predict import load_inputs, predict, write_predictions
 
     device = resolve_device(str(cfg.device))
     model, datamodule = restore(cfg)
+    net, rows = model.net, "the test split"
     if cfg.input:
         x = load_inputs(cfg.input, datamodule.input_shape)
         batches = ((xb, None) for xb in x.split(int(cfg.data.batch_size)))
+        net, rows = with_preprocessing(model.net, *input_statistics(datamodule)), str(cfg.input)
     else:
-        batches = datamodule.test_dataloader()
+        batches = datamodule.test_dataloader()  # preprocessed already
     out = Path(cfg.output_dir or cfg.paths.output_dir) / "predictions.csv"
-    summary = write_predictions(out, predict(torch_runner(model.net, device), batches))
+    names = class_names(datamodule, int(model.hparams["num_classes"]))
+    summary = write_predictions(out, predict(torch_runner(net, device), batches), names)
     shown = ", ".join(
         f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()
     )
-    Console(soft_wrap=True).print(f"[bold]predictions[/] {out} ({shown})")
+    Console(soft_wrap=True).print(f"[bold]predictions[/] {out} ({shown}; index = row of {rows})")
     return out
 
 

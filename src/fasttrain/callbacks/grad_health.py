@@ -57,14 +57,26 @@ class NonFiniteGuard(L.Callback):
     Skipped steps leave the weights untouched (gradients set to None, which optimizers skip) and
     are counted in `nonfinite/skipped`. Under DDP the gradients are already all-reduced, so every
     rank takes the same decision. Costs one device sync per optimizer step.
+
+    Args:
+        action: "raise" or "skip" (see above).
+        max_consecutive_skips: with "skip", this many non-finite steps in a row stop the run: the
+            model no longer learns (e.g. fp16 weights that overflow at every step), and a run that
+            skips every step would otherwise end "successfully" with its initial weights.
     """
 
-    def __init__(self, action: Literal["raise", "skip"] = "raise") -> None:
+    def __init__(
+        self, action: Literal["raise", "skip"] = "raise", max_consecutive_skips: int = 10
+    ) -> None:
         super().__init__()
         if action not in ("raise", "skip"):
             raise ConfigError("action", action, "expected one of 'raise', 'skip'")
-        self.action = action
-        self.skipped = 0
+        if max_consecutive_skips < 1:
+            raise ConfigError(
+                "max_consecutive_skips", max_consecutive_skips, "expected an int >= 1"
+            )
+        self.action, self.max_consecutive_skips = action, max_consecutive_skips
+        self.skipped = self.consecutive = 0
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
@@ -77,6 +89,7 @@ class NonFiniteGuard(L.Callback):
         # large that its norm overflows float32, |g| > 1e19, counts too: that step diverges).
         total = torch.nn.utils.get_total_norm([g for _, g in named], foreach=True)
         if bool(torch.isfinite(total)):
+            self.consecutive = 0
             return
         finite = [bool(torch.isfinite(g).all()) for _, g in named]
         first = named[finite.index(False) if False in finite else 0][0]
@@ -85,6 +98,14 @@ class NonFiniteGuard(L.Callback):
             raise NonFiniteGradientError(
                 f"{where}; lower the lr, clip gradients (trainer.gradient_clip_val=1.0) or use "
                 "callbacks.nonfinite.action=skip"
+            )
+        self.consecutive += 1
+        if self.consecutive >= self.max_consecutive_skips:
+            raise NonFiniteGradientError(
+                f"{where}: {self.consecutive} optimizer steps in a row skipped "
+                f"(callbacks.nonfinite.max_consecutive_skips={self.max_consecutive_skips}), the "
+                "model no longer learns; lower the lr, clip gradients, or use "
+                "trainer.precision=16-mixed/bf16-mixed instead of 16-true"
             )
         optimizer.zero_grad(set_to_none=True)
         self.skipped += 1

@@ -91,6 +91,47 @@ def check_schedule_length(model: dict[str, Any] | None, trainer: dict[str, Any] 
         )
 
 
+def check_precision_and_processes(
+    trainer: dict[str, Any] | None,
+    model: dict[str, Any] | None,
+    tuner: dict[str, Any] | None,
+    oom_fallback: bool,
+) -> None:
+    """Settings each valid alone that fail together, refused before a run folder exists:
+    an Adam-style eps that rounds to 0 in fp16 weights (NaN at the first step), and the
+    one-process tools (batch-size finder, OOM fallback) under a multi-process strategy."""
+    trainer, tuner = trainer or {}, tuner or {}
+    optimizer = (model or {}).get("optimizer") or {}
+    name = str(optimizer.get("_target_", "")).rsplit(".", 1)[-1]
+    eps = optimizer.get("eps", 1e-8)
+    # 6.1e-5 is fp16's smallest normal number; Adam's default eps (1e-8) rounds to 0 in fp16.
+    if str(trainer.get("precision")) in ("16-true", "16") and "Adam" in name and eps < 6.1e-5:
+        raise UserError(
+            f"trainer.precision={trainer['precision']}: {name} with eps={eps:g} keeps fp16 "
+            "weights whose update divides by 0 (NaN at the first step); use "
+            "trainer.precision=16-mixed (fp32 weights), bf16-mixed or bf16-true"
+        )
+    strategy, devices = str(trainer.get("strategy", "auto")), trainer.get("devices", 1)
+    nodes = trainer.get("num_nodes") or 1
+    count = (
+        len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else 1
+    )
+    multi = strategy.startswith(("ddp", "fsdp", "deepspeed")) or nodes > 1
+    multi = multi or (count > 1 and strategy != "dp")
+    where = f"trainer.strategy={strategy} (devices={devices}, num_nodes={nodes})"
+    if multi and tuner.get("batch_size") is not None:
+        raise UserError(
+            f"tuner.batch_size={tuner['batch_size']}: the batch-size finder runs in one process, "
+            f"not under {where}; set data.batch_size yourself, or find it in one process "
+            "first (trainer=gpu or trainer=cpu)"
+        )
+    if multi and oom_fallback:
+        raise UserError(
+            f"oom_fallback=true works in one process only, not under {where}: a rank that "
+            "halved its batch alone would fall out of step; set a smaller data.batch_size instead"
+        )
+
+
 def run(task_name: str, run_name: str, seed: int) -> None:
     """Keys every entry has."""
     if not 0 <= seed <= SEED_MAX:
@@ -121,6 +162,7 @@ def train(
         raise ConfigError("matmul_precision", matmul_precision, expected)
     check_training_batches(train, trainer)
     check_schedule_length(model, trainer)
+    check_precision_and_processes(trainer, model, tuner, oom_fallback)
     try:
         check_tuner(**(tuner or {}))
     except ConfigError as err:

@@ -81,6 +81,7 @@ class ArrayDataModule(TensorDataModule):
             random_state=self.seed,
         )  # fmt: skip
         mean, std = self._statistics(x_train)
+        self.mean, self.std = mean, std  # [features] or scalars: input_statistics() shapes them
         return {
             name: TensorDataset(
                 torch.as_tensor((xs - mean) / std, dtype=torch.float32).view(-1, *self.input_shape),
@@ -90,6 +91,16 @@ class ArrayDataModule(TensorDataModule):
                 ("train", x_train, y_train), ("val", x_val, y_val), ("test", x_test, y_test)
             )
         }  # fmt: skip
+
+    def input_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of the training split, float32, each a scalar or [*input_shape]: the net
+        takes (raw - mean) / std. Exports carry them, so a deployment feeds raw inputs."""
+        self.setup()
+        return self._shaped(self.mean), self._shaped(self.std)
+
+    def _shaped(self, value: Any) -> torch.Tensor:
+        tensor = torch.as_tensor(np.asarray(value), dtype=torch.float32)
+        return tensor.reshape(self.input_shape) if tensor.numel() > 1 else tensor
 
     def _checked_labels(self, y: np.ndarray, n: int) -> np.ndarray:
         if y.shape != (n,) or y.dtype.kind not in "iu":

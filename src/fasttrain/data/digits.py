@@ -42,5 +42,10 @@ class DigitsDataModule(ArrayDataModule):
             num_classes, input_shape, standardize, val_fraction, test_fraction, seed, **loader
         )
 
+    @property
+    def class_names(self) -> list[str]:
+        """Label i is the digit i (predictions.csv names its columns prob_0 .. prob_9)."""
+        return [str(i) for i in range(self.num_classes)]
+
     def load_arrays(self) -> tuple[Any, Any]:
         return load_digits(return_X_y=True)  # x [1797, 64] in 0..16, y [1797]

@@ -68,6 +68,12 @@ class NpyDataModule(TensorDataModule):
             )  # fmt: skip
         self.save_hyperparameters()
 
+    def input_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) with net input = (raw - mean) / std: uint8 x.npy is scaled to [0, 1]
+        (std 255), float x.npy goes in as it is. Exports carry them: they take x.npy's values."""
+        scale = 255.0 if self._open("x").dtype == np.uint8 else 1.0
+        return torch.zeros(()), torch.tensor(scale)
+
     def _open(self, name: str) -> np.ndarray:
         file = self.path / f"{name}.npy"
         if not file.is_file():

@@ -1,12 +1,16 @@
 """One Exporter per deployment format: write the file from the fp32 net, then load it back.
 
 Every check runs on what `load` reads back from disk, never on the object that was exported, so
-a file that does not round-trip fails its check instead of passing it unseen.
+a file that does not round-trip fails its check instead of passing it unseen. Every file loads
+with its runtime alone (onnxruntime, or torch.jit.load for the other three): no fasttrain code,
+no rebuilding step. `metadata` (the input the file takes) goes into the file: ONNX
+metadata_props, or the TorchScript extra file `fasttrain.json`.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -16,9 +20,6 @@ from typing import Any, ClassVar, Literal, get_args
 
 import torch
 from torch import nn
-
-from fasttrain.config.errors import UserError
-from fasttrain.models.spec import spec_of
 
 Format = Literal["onnx", "torchscript", "int8", "fp16"]
 FORMATS: tuple[str, ...] = get_args(Format)
@@ -68,6 +69,25 @@ def _quiet() -> Iterator[None]:
                 log.setLevel(level)
 
 
+METADATA_FILE = "fasttrain.json"  # torch.jit.load(path, _extra_files={METADATA_FILE: ""})
+
+
+class Standardize(nn.Module):
+    """(x - mean) / std, the data module's preprocessing, as the first layer of an export:
+    the file then takes raw inputs. mean and std broadcast to x [B, *input_shape]."""
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mean", mean.float())
+        self.register_buffer("std", std.float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Buffers, typed Tensor | Module by nn.Module; a class annotation would make the
+        # TorchScript compiler fail on its string form (postponed annotations) and fall back to
+        # tracing.
+        return (x - self.mean) / self.std  # type: ignore[operator]
+
+
 class Exporter:
     """A deployment format. Subclasses set the class attributes and implement write/load."""
 
@@ -83,8 +103,11 @@ class Exporter:
         """Why exporting `net` in this format would be pointless, or None."""
         return None
 
-    def write(self, net: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
-        """Write the CPU fp32 `net` (eval mode) to `path`; return facts for the report."""
+    def write(
+        self, net: nn.Module, example: torch.Tensor, path: Path, metadata: dict[str, str]
+    ) -> dict[str, Any]:
+        """Write the CPU fp32 `net` (eval mode) to `path` with `metadata`; return facts for the
+        report."""
         raise NotImplementedError
 
     def load(self, path: Path, device: torch.device) -> tuple[Runner, torch.device]:
@@ -98,7 +121,9 @@ class OnnxExporter(Exporter):
     def requires(self) -> list[str]:
         return ["onnx", "onnxruntime", "onnxscript"]
 
-    def write(self, net: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
+    def write(
+        self, net: nn.Module, example: torch.Tensor, path: Path, metadata: dict[str, str]
+    ) -> dict[str, Any]:
         # The torch.export-based ("dynamo") exporter: the default since torch 2.9, where the
         # TorchScript-based one is deprecated; it needs onnxscript. One file (external_data
         # off): protobuf caps it at 2 GB, far above the nets here. The batch axis is dynamic,
@@ -110,7 +135,7 @@ class OnnxExporter(Exporter):
                 input_names=["input"], output_names=["logits"],
                 dynamic_shapes=({0: torch.export.Dim("batch")},),
             )  # fmt: skip
-        return {"opset": _onnx_opset(path)}
+        return {"opset": _onnx_opset(path, metadata)}
 
     def load(self, path: Path, device: torch.device) -> tuple[Runner, torch.device]:
         import onnxruntime as ort
@@ -127,18 +152,25 @@ class OnnxExporter(Exporter):
         return run, torch.device("cpu")
 
 
-def _onnx_opset(path: Path) -> int:
+def _onnx_opset(path: Path, metadata: dict[str, str]) -> int:
+    """Check the written graph, add `metadata` to it (onnxruntime: session.get_modelmeta()
+    .custom_metadata_map), and return its opset."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     onnx.checker.check_model(model)  # a structurally invalid graph fails here, by name
+    if metadata:
+        onnx.helper.set_model_props(model, metadata)
+        onnx.save(model, str(path))
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-class TorchScriptExporter(Exporter):
-    name, filename, criterion = "torchscript", "model.ts", "exact"
+class TorchScriptFile(Exporter):
+    """Written with torch.jit.save, read with torch.jit.load: torch alone runs the file."""
 
-    def write(self, net: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
+    def write(
+        self, net: nn.Module, example: torch.Tensor, path: Path, metadata: dict[str, str]
+    ) -> dict[str, Any]:
         with _quiet():
             try:
                 # Scripting keeps Python control flow; tracing records the one path `example`
@@ -147,7 +179,8 @@ class TorchScriptExporter(Exporter):
                 module, method = torch.jit.script(net), "script"
             except Exception:
                 module, method = torch.jit.trace(net, example), "trace"
-            torch.jit.save(module, str(path))
+            extra = {METADATA_FILE: json.dumps(metadata)} if metadata else {}
+            torch.jit.save(module, str(path), _extra_files=extra)
         return {"method": method}
 
     def load(self, path: Path, device: torch.device) -> tuple[Runner, torch.device]:
@@ -156,42 +189,13 @@ class TorchScriptExporter(Exporter):
         return torch_runner(module, device), device
 
 
-class WeightsExporter(Exporter):
-    """A `weights_only` file: {"format", "net": the net's Hydra spec, "state_dict": converted}.
-
-    Like a checkpoint it names code instead of pickling it, so loading runs nothing from the
-    file; `convert` is applied to the rebuilt fp32 net before its weights are loaded.
-    """
-
-    def convert(self, net: nn.Module) -> nn.Module:
-        raise NotImplementedError
-
-    def runner(self, net: nn.Module, device: torch.device) -> tuple[Runner, torch.device]:
-        raise NotImplementedError
-
-    def write(self, net: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
-        spec = spec_of(net)
-        if spec is None:
-            raise UserError(
-                f"format={self.name}: {type(net).__name__} does not record its constructor "
-                "arguments (net.hparams), so the file could not rebuild it"
-            )
-        with _quiet():
-            converted = self.convert(copy.deepcopy(net))
-        torch.save({"format": self.name, "net": spec, "state_dict": converted.state_dict()}, path)
-        return {}
-
-    def load(self, path: Path, device: torch.device) -> tuple[Runner, torch.device]:
-        from hydra.utils import instantiate
-
-        with _quiet():
-            blob = torch.load(path, map_location="cpu", weights_only=True)
-            net = self.convert(instantiate(blob["net"]).eval())
-        net.load_state_dict(blob["state_dict"])
-        return self.runner(net, device)
+class TorchScriptExporter(TorchScriptFile):
+    name, filename, criterion = "torchscript", "model.ts", "exact"
 
 
-class Int8Exporter(WeightsExporter):
+class Int8Exporter(TorchScriptFile):
+    """Dynamic int8 as TorchScript: torch.jit.load alone runs it, nothing to rebuild or convert."""
+
     name, filename, criterion = "int8", "model_int8.pt", "accuracy"
 
     def skip_reason(self, net: nn.Module) -> str | None:
@@ -199,28 +203,51 @@ class Int8Exporter(WeightsExporter):
             return "no Linear layers: dynamic int8 quantisation would leave the net unchanged"
         return None
 
-    def convert(self, net: nn.Module) -> nn.Module:
+    def write(
+        self, net: nn.Module, example: torch.Tensor, path: Path, metadata: dict[str, str]
+    ) -> dict[str, Any]:
         # Weights int8 ahead of time, activations quantised per batch at run time; only Linear
         # layers (convolutions need static quantisation with calibration data).
-        return torch.ao.quantization.quantize_dynamic(net, {nn.Linear}, dtype=torch.qint8)
+        with _quiet():
+            quantized = torch.ao.quantization.quantize_dynamic(
+                copy.deepcopy(net), {nn.Linear}, dtype=torch.qint8
+            )
+        return super().write(quantized, example, path, metadata)
 
-    def runner(self, net: nn.Module, device: torch.device) -> tuple[Runner, torch.device]:
+    def load(self, path: Path, device: torch.device) -> tuple[Runner, torch.device]:
         cpu = torch.device("cpu")  # dynamic int8 kernels (fbgemm/qnnpack) exist on CPU only
-        return torch_runner(net, cpu), cpu
+        return super().load(path, cpu)
 
 
-class Fp16Exporter(WeightsExporter):
+class HalfPrecision(nn.Module):
+    """fp16 weights behind an fp32 interface: float32 inputs in, float32 logits out."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net.half()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.half()).float()
+
+
+def half_precision(net: nn.Module) -> nn.Module:
+    """`net` with fp16 weights; a leading Standardize stays fp32, since raw features can be large
+    (1e3 and more) for fp16's 11-bit mantissa."""
+    net = copy.deepcopy(net)
+    if isinstance(net, nn.Sequential) and isinstance(net[0], Standardize):
+        return nn.Sequential(net[0], HalfPrecision(net[1:]))
+    return HalfPrecision(net)
+
+
+class Fp16Exporter(TorchScriptFile):
+    """fp16 weights as TorchScript, taking and returning float32 (the cast is in the file)."""
+
     name, filename, criterion = "fp16", "model_fp16.pt", "agreement"
 
-    def convert(self, net: nn.Module) -> nn.Module:
-        return net.half()
-
-    def runner(self, net: nn.Module, device: torch.device) -> tuple[Runner, torch.device]:
-        if device.type == "cuda":
-            return torch_runner(net, device, torch.float16), device
-        # CPU fp16 kernels are slow or missing: compute in fp32 from the rounded weights, which
-        # still measures what halving the weights costs in accuracy.
-        return torch_runner(net.float(), device), device
+    def write(
+        self, net: nn.Module, example: torch.Tensor, path: Path, metadata: dict[str, str]
+    ) -> dict[str, Any]:
+        return super().write(half_precision(net), example, path, metadata)
 
 
 EXPORTERS: dict[str, Exporter] = {

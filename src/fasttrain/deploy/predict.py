@@ -38,29 +38,36 @@ def load_inputs(path: str | Path, input_shape: Sequence[int], key: str = "input"
 
 def predict(
     run: Runner, batches: Iterable[tuple[torch.Tensor, torch.Tensor | None]]
-) -> Iterator[tuple[int, float, int | None]]:
-    """(predicted class, its softmax probability, label or None) per sample, in order."""
+) -> Iterator[tuple[list[float], int | None]]:
+    """(softmax probability of every class, label or None) per sample, in order."""
     for x, y in batches:
-        prob, pred = run(x).softmax(dim=1).max(dim=1)
+        probs = run(x).softmax(dim=1)
         labels = y.tolist() if y is not None else [None] * len(x)
-        yield from zip(pred.tolist(), prob.tolist(), labels, strict=True)
+        yield from zip(probs.tolist(), labels, strict=True)
 
 
 def write_predictions(
-    path: Path, rows: Iterable[tuple[int, float, int | None]]
+    path: Path, rows: Iterable[tuple[list[float], int | None]], class_names: Sequence[str]
 ) -> dict[str, float]:
-    """predictions.csv: index,pred,prob (and label when the inputs had labels).
+    """predictions.csv: index (the sample's row in the inputs), pred (class index), class (its
+    name), prob (its probability), prob_<name> for every class, and label with labelled inputs.
 
     Returns {"samples": N} and, with labels, {"accuracy": ...}.
     """
     rows = list(rows)
-    labelled = bool(rows) and rows[0][2] is not None
+    labelled = bool(rows) and rows[0][1] is not None
+    header = ["index", "pred", "class", "prob", *(f"prob_{n}" for n in class_names)]
+    correct = 0
     with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["index", "pred", "prob", *(["label"] if labelled else [])])
-        for i, (pred, prob, label) in enumerate(rows):
-            writer.writerow([i, pred, f"{prob:.6f}", *([label] if labelled else [])])
+        writer.writerow([*header, *(["label"] if labelled else [])])
+        for i, (probs, label) in enumerate(rows):
+            pred = max(range(len(probs)), key=probs.__getitem__)
+            correct += pred == label
+            shown = [f"{p:.6f}" for p in probs]
+            writer.writerow([i, pred, class_names[pred], shown[pred], *shown,
+                             *([label] if labelled else [])])  # fmt: skip
     summary: dict[str, float] = {"samples": len(rows)}
     if labelled:
-        summary["accuracy"] = sum(p == y for p, _, y in rows) / len(rows)
+        summary["accuracy"] = correct / len(rows)
     return summary

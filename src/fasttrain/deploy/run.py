@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,24 @@ def run_dir_of(ckpt_path: str | Path) -> Path:
     return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
 
 
+def merged(out_dir: Path, source: str | None, rows: dict[str, Any]) -> dict[str, Any]:
+    """`rows` after the rows of formats an earlier export of the same checkpoint left in
+    `out_dir` (their files still there), so `format=onnx` then `format=int8` report both."""
+    try:
+        earlier = json.loads((out_dir / REPORT_NAME).read_text())
+    except (OSError, ValueError):
+        return rows
+    if not isinstance(earlier, dict) or earlier.get("checkpoint") != source:
+        return rows  # another checkpoint's files: its rows describe other weights
+    kept = {
+        name: row
+        for name, row in earlier.get("formats", {}).items()
+        if name in EXPORTERS and name not in rows and (out_dir / EXPORTERS[name].filename).is_file()
+    }
+    order = ["eager", *EXPORTERS]
+    return dict(sorted({**kept, **rows}.items(), key=lambda item: order.index(item[0])))
+
+
 def param_bytes(net: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*net.parameters(), *net.buffers()))
 
@@ -75,11 +94,15 @@ def export_and_verify(
     tolerance: Tolerance,
     latency_time: float = 0.2,
     source: str | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write each format into `out_dir` (atomically), check what reads back, write the report.
 
-    `net` is the fp32 net in eval mode; `example` a CPU batch of >= 2 inputs; `batches` the
-    held-out (x, y) split the checks run on. Returns the report (also in export_report.json).
+    `net` is the fp32 net in eval mode (with its preprocessing: fasttrain.deploy.inputs);
+    `example` a CPU batch of >= 2 inputs; `batches` the held-out (x, y) split the checks run on,
+    as `net` takes it; `metadata` what the files take, written into each and into the report.
+    Returns the report (also in export_report.json, merged with the rows of formats exported
+    earlier from the same checkpoint into `out_dir`).
     """
     net = copy.deepcopy(net).cpu().eval()
     rows: dict[str, dict[str, Any]] = {"eager": {"file": None, "size_bytes": param_bytes(net)}}
@@ -91,7 +114,7 @@ def export_and_verify(
             continue
         path = out_dir / exporter.filename
         with atomic_path(path) as tmp:
-            info = exporter.write(net, example, tmp)
+            info = exporter.write(net, example, tmp, metadata or {})
         rows[exporter.name] = {"file": exporter.filename, "size_bytes": path.stat().st_size, **info}
         candidates[exporter.name] = exporter.load(path, device)
     results = verify(net, candidates, batches, latency_time)
@@ -103,7 +126,8 @@ def export_and_verify(
             rows[name].update(passed=passed, target=target)
     report = {
         "checkpoint": source, "output_dir": str(out_dir), "device": str(device),
-        "test_samples": results["eager"]["samples"], "formats": rows,
+        "test_samples": results["eager"]["samples"], "input": metadata or {},
+        "formats": merged(out_dir, source, rows),
     }  # fmt: skip
     write_report(out_dir / REPORT_NAME, report)
     print_report(report)

@@ -10,6 +10,7 @@ Standard library only, so it runs before any environment exists.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import keyword
 import re
 import shutil
@@ -27,6 +28,9 @@ EXCLUDE = {".git", ".venv", "logs", "outputs", "multirun", "lightning_logs", "__
            ".pytest_cache", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints", "build", "dist",
            "copier.yml"}  # fmt: skip
 ATTRIBUTION = f"Started from the {TEMPLATE} template."
+# README text that only holds in the template (how to copy it with copier, whose copier.yml is
+# not copied): between these markers, dropped from a copy's README.
+TEMPLATE_ONLY = re.compile(r"\n*<!-- template-only -->.*?<!-- /template-only -->\n*", re.S)
 
 
 class NewProjectError(Exception):
@@ -39,6 +43,41 @@ def check_package(name: str) -> None:
             f"package name {name!r} is not a valid Python identifier "
             "(letters, digits and underscores, not starting with a digit), e.g. acme_vision"
         )
+    found = importable(name)
+    if found:
+        raise NewProjectError(
+            f"package name {name!r} shadows the importable module {name} ({found}): the new "
+            "project could not import both; choose another name, e.g. acme_vision"
+        )
+
+
+def importable(name: str) -> str | None:
+    """Where a top-level module `name` is imported from (standard library, a dependency of this
+    template, a package installed in this Python), or None. The folder of this script, first on
+    sys.path when it runs as a script, is left out: its modules are no project's top level."""
+    if name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
+        return "standard library"
+    if name in dependency_modules(ROOT / "pyproject.toml"):
+        return "a dependency in pyproject.toml"
+    here = Path(__file__).resolve().parent
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path[:] = saved
+    return None if spec is None else str(spec.origin or "namespace package")
+
+
+def dependency_modules(pyproject: Path) -> set[str]:
+    """Import names of the `dependencies` in pyproject.toml (without tomllib: Python 3.10)."""
+    text = pyproject.read_text(encoding="utf-8") if pyproject.is_file() else ""
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, flags=re.M | re.S)
+    names = re.findall(r'"([A-Za-z0-9_.-]+)', block.group(1)) if block else []
+    renamed = {"hydra-core": "hydra", "scikit-learn": "sklearn"}  # distribution != import name
+    return {renamed.get(n.lower(), n.lower().replace("-", "_")) for n in names}
 
 
 def check_dest(dest: Path) -> None:
@@ -78,6 +117,8 @@ def rename(root: Path, package: str, project: str, author: str = "", python: str
             new = _pyproject(new, author, python)
         if path.name == "README.md" and root / "README.md" == path:
             new = new.replace("\n", f"\n\n{ATTRIBUTION}\n", 1)
+            if not (root / "copier.yml").exists():  # no copier template: no copier instructions
+                new = TEMPLATE_ONLY.sub("\n\n", new)
         if new != text:
             path.write_text(new, encoding="utf-8")
 

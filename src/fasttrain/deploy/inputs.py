@@ -1,0 +1,65 @@
+"""What an exported file takes: raw inputs, with the data module's preprocessing inside the file.
+
+A net is trained on preprocessed inputs (digits: pixels standardised with the training split's
+mean and std). A deployment has raw inputs, so every export is `Standardize(mean, std)` then the
+net, and `predict input=` applies the same to the arrays it reads. A data module states its
+preprocessing with `input_statistics() -> (mean, std)`: net input = (raw - mean) / std; a data
+module without that method feeds its inputs to the net unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from fasttrain.deploy.formats import Standardize
+
+
+def input_statistics(datamodule: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) float32, broadcastable to [B, *input_shape]; (0, 1) when the data module
+    states no preprocessing."""
+    stated = getattr(datamodule, "input_statistics", None)
+    if stated is None:
+        return torch.zeros(()), torch.ones(())
+    mean, std = stated()
+    return torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32)
+
+
+def with_preprocessing(net: nn.Module, mean: torch.Tensor, std: torch.Tensor) -> nn.Module:
+    """raw x [B, *input_shape] -> logits: the net behind its input preprocessing."""
+    return nn.Sequential(Standardize(mean, std), net).eval()
+
+
+def raw_batches(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], mean: torch.Tensor, std: torch.Tensor
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A data module's (preprocessed x, y) batches as raw ones: x * std + mean (to float
+    rounding: digits' pixels come back as 0..16 within 1e-5)."""
+    for x, y in batches:
+        yield x * std + mean, y
+
+
+def describe(mean: torch.Tensor, std: torch.Tensor, input_shape: Any) -> dict[str, str]:
+    """The metadata each file carries, and the report's `input` section (strings: ONNX
+    metadata_props hold strings only)."""
+    shape = ", ".join(map(str, input_shape))
+    return {
+        "input": f"raw float32 [N, {shape}], as the data set stores it (not standardised)",
+        "preprocessing": "inside the file: (input - mean) / std, then the net",
+        "mean": _number(mean),
+        "std": _number(std),
+    }
+
+
+def _number(t: torch.Tensor) -> str:
+    """A scalar as its value, a per-feature tensor as a flat list (row-major, input_shape)."""
+    return f"{t.item():.9g}" if t.numel() == 1 else str([round(v, 9) for v in t.flatten().tolist()])
+
+
+def class_names(datamodule: Any, num_classes: int) -> list[str]:
+    """The data module's `class_names`, else the class indices as names ("0", "1", ...)."""
+    names = getattr(datamodule, "class_names", None)
+    return [str(n) for n in names] if names else [str(i) for i in range(num_classes)]

@@ -68,7 +68,8 @@ def check_renamed(project: Path, package: str) -> None:
     assert readme.startswith(f"# {project_name}\n")
     # The README tells how to copy the project with copier only where copier.yml came along.
     assert ("copier copy" in readme) == (project / "copier.yml").exists()
-    assert f"_target_: {package}.models.Classifier" in (project / "conf/model/classifier.yaml").read_text()
+    classifier = (project / "conf/model/classifier.yaml").read_text()
+    assert f"_target_: {package}.models.Classifier" in classifier
     log = subprocess.run(["git", "log", "--oneline"], cwd=project, capture_output=True, text=True)
     assert len(log.stdout.splitlines()) == 1, log.stdout + log.stderr
     status = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True)

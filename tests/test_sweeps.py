@@ -87,3 +87,21 @@ def test_ddp_cpu_multirun_makes_one_tree_per_job(tmp_path: Path) -> None:
         assert len(list((job / "tensorboard").glob("events.out.tfevents.*"))) >= 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train"]
     assert sorted(p.name for p in (tmp_path / "train").iterdir()) == ["multirun"]
+
+
+def test_a_rank_takes_the_sweep_job_only_from_its_own_parent(monkeypatch) -> None:
+    # The job's overrides reach the ranks Lightning starts through the environment, which every
+    # later child of the sweep process inherits too: a plain ddp run started after an in-process
+    # sweep must not run that sweep's job (its rank 1 ran an Optuna study, rank 0 waited).
+    import json
+    import os
+
+    from fasttrain.distributed.multirun import JOB_ENV, rank_argv
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    own = ["trainer=ddp_cpu", "hydra.job.name=train_ddp_process_1"]
+    job = {"pid": os.getppid(), "args": ["seed=2", 'hydra.run.dir="x"']}
+    monkeypatch.setenv(JOB_ENV, json.dumps(job))
+    assert rank_argv(own) == ["seed=2", 'hydra.run.dir="x"', "hydra.job.name=train_ddp_process_1"]
+    monkeypatch.setenv(JOB_ENV, json.dumps({**job, "pid": os.getppid() + 1}))
+    assert rank_argv(own) == own

@@ -44,11 +44,17 @@ def share_job_with_ranks() -> None:
     hc = HydraConfig.get()
     # Quoted: a sweep folder name holds "=" and "," (the overrides), which Hydra would parse.
     run_dir = f'hydra.run.dir="{hc.runtime.output_dir}"'
-    os.environ[JOB_ENV] = json.dumps([*hc.overrides.task, run_dir])
+    # With this process's pid: the environment outlives the sweep (any later child inherits it),
+    # and only the ranks this very process starts are this job's.
+    os.environ[JOB_ENV] = json.dumps({"pid": os.getpid(), "args": [*hc.overrides.task, run_dir]})
 
 
 def rank_argv(argv: list[str]) -> list[str]:
-    """The command line this process should run: the job's own, for a rank of a sweep job."""
+    """The command line this process should run: the job's own, for a rank of a sweep job
+    (Lightning starts the ranks as children of the process running the job)."""
     if os.environ.get("LOCAL_RANK", "0") == "0" or JOB_ENV not in os.environ:
         return argv
-    return [*json.loads(os.environ[JOB_ENV]), *(a for a in argv if a.startswith(_KEEP))]
+    job = json.loads(os.environ[JOB_ENV])
+    if not isinstance(job, dict) or job.get("pid") != os.getppid():
+        return argv  # left over from another process's sweep: not this rank's job
+    return [*job["args"], *(a for a in argv if a.startswith(_KEEP))]

@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_overhead_benchmark_smoke() -> None:
     proc = subprocess.run(
         [sys.executable, "bench/overhead.py", "--smoke"],

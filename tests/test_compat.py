@@ -44,6 +44,7 @@ def test_old_checkpoint_loads_in_checkpoint_commands(
         assert final_metrics(run)["test/acc"] > 0.5  # the trained weights, not a fresh net
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_old_checkpoint_resumes_training(old_ckpt: Path, tmp_path: Path) -> None:
     args = ["train.py", "model=mlp", "model.net.hidden=[16]", f"resume={old_ckpt}",
             "trainer.max_epochs=3", "logger=none", "run_name=more", *QUIET]  # fmt: skip

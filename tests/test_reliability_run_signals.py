@@ -96,6 +96,7 @@ def last_step(ckpt: Path) -> int:
     return int(torch.load(ckpt, weights_only=True)["global_step"])
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_callbacks_none_sigterm_gives_a_command_that_resumes(tmp_path: Path) -> None:
     # With callbacks=none Lightning's own checkpoint callback saves under tensorboard/, where
     # resume=auto does not look: "resume with the same run_name" restarted from scratch.

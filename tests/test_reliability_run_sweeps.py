@@ -37,6 +37,7 @@ def jobs_of(root: Path) -> list[Path]:
     return sorted(p.parent.parent for p in root.glob("logs/train/multirun/*/*/.hydra/config.yaml"))
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_readme_grid_sweep_runs_from_an_empty_folder(tmp_path: Path) -> None:
     # Was: InterpolationResolutionError "HydraConfig was not set" (hydra.sweep.dir derived from
     # ${hydra:runtime.cwd}, which Hydra resolves before it sets its config).

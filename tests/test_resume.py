@@ -77,6 +77,7 @@ def last_step(run: Path) -> int:
     return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_sigterm_then_sigkill_then_resume_is_bit_exact(reference, tmp_path: Path) -> None:
     run = tmp_path / "train" / "run"
     # SIGTERM at step 7 (mid-epoch 0): last.ckpt is saved at 7, although the periodic one was 6.

@@ -30,6 +30,7 @@ def full_split_accuracy(ckpt: str, split: str, precision: torch.dtype | None) ->
         return float((model(x).argmax(1) == y).float().mean())
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_ddp_cpu_stacked_with_precision_accumulation_clipping(tmp_path: Path) -> None:
     proc = run_cli(
         ["train.py", "trainer=ddp_cpu", "model=mlp", "debug=limit", "model.scheduler=null",

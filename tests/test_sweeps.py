@@ -26,6 +26,7 @@ def test_optimized_metric_is_looked_up_or_fails_naming_the_logged_ones() -> None
         optimized_metric(metrics, "val/accc")
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_unknown_metric_fails_the_run_clearly(tmp_path: Path) -> None:
     proc = run_cli(["train.py", *SHORT, "optimized_metric=val/accuracy"], tmp_path)
     assert proc.returncode == 2
@@ -33,6 +34,7 @@ def test_unknown_metric_fails_the_run_clearly(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_optuna_search_maximises_the_metric_the_runs_return(tmp_path: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     proc = run_cli(

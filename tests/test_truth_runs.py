@@ -21,6 +21,7 @@ from fasttrain.models.nets import MLP
 TINY = ["model=mlp", "logger=none", "data.num_workers=0"]
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_fast_dev_run_leaves_no_checkpoint_a_real_run_would_resume(tmp_path: Path) -> None:
     debug = run_cli(["train.py", *TINY, "debug=fast_dev_run", "run_name=same"], tmp_path)
     assert debug.returncode == 0, debug.stderr[-3000:]

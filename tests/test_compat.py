@@ -31,7 +31,12 @@ def old_ckpt(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.mark.parametrize("command", ["evaluate", "predict", "export"])
+SLOW = pytest.mark.slow  # tens of seconds each: CI runs them in make test-slow
+
+
+@pytest.mark.parametrize(
+    "command", ["evaluate", pytest.param("predict", marks=SLOW), pytest.param("export", marks=SLOW)]
+)
 def test_old_checkpoint_loads_in_checkpoint_commands(
     command: str, old_ckpt: Path, tmp_path: Path
 ) -> None:

@@ -167,6 +167,7 @@ def test_bad_settings_fail_before_anything_is_read(ckpt: Path, tmp_path: Path) -
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_cli_exports_all_formats_into_the_run_dir(ckpt: Path, restored, tmp_path: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")

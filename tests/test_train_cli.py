@@ -85,6 +85,7 @@ def final_metrics_checkpoint(run: Path) -> str:
     return ckpt
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_fast_dev_run_and_overrides(tmp_path: Path) -> None:
     proc = run_cli(
         ["train.py", "debug=fast_dev_run", "model=mlp", "data.batch_size=32", "run_name=fdr"],
@@ -98,6 +99,7 @@ def test_fast_dev_run_and_overrides(tmp_path: Path) -> None:
     assert "batch_size: 32" in cfg and "fasttrain.models.nets.MLP" in cfg
 
 
+@pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_precision_override_works_on_cpu(tmp_path: Path) -> None:
     proc = run_cli(["train.py", "debug=fast_dev_run", "trainer.precision=16-mixed"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

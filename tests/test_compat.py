@@ -4,7 +4,6 @@ they store (fasttrain.models.nets.mlp.MLP, torch optimizers and schedulers) stil
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -20,9 +19,10 @@ QUIET = ["data.num_workers=0"]
 @pytest.fixture
 def old_ckpt(tmp_path: Path) -> Path:
     net = torch.load(OLD, weights_only=True)["hyper_parameters"]["net"]["_target_"]
-    if importlib.util.find_spec(net.split(".")[0]) is None:
+    if not (REPO / "src" / net.split(".")[0]).is_dir():
         # A project made from this template (make new-project) renamed the package; the
-        # checkpoint, a binary file, still names the template's.
+        # checkpoint, a binary file, still names the template's (which may still be importable
+        # from another environment, yet is not a package of this project).
         pytest.skip(f"the checkpoint names {net}, a package this project does not have")
     # <run>/checkpoints/last.ckpt, as a run folder holds it (export writes beside it)
     target = tmp_path / "old_run" / "checkpoints" / "last.ckpt"

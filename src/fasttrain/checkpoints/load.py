@@ -80,6 +80,7 @@ def load_classifier(path: str | Path, allow: Collection[str] = ()) -> tuple[Any,
             net=net, optimizer=optimizer, scheduler=scheduler,
             num_classes=hparams["num_classes"],
             scheduler_interval=hparams.get("scheduler_interval", "epoch"),
+            input_mean=hparams.get("input_mean"), input_std=hparams.get("input_std"),
         )  # fmt: skip
     except (InstantiationException, KeyError, TypeError, ValueError) as err:
         # ConfigError is a ValueError: a value the Classifier refuses, named by the message.

@@ -6,7 +6,7 @@ import functools
 import inspect
 import math
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -58,7 +58,16 @@ class Classifier(L.LightningModule):
         base_batch_size: the effective batch size the optimizer's lr was tuned for.
         channels_last: NHWC memory format for the net and 4-D inputs (faster convs on Tensor Cores).
         compile: torch.compile the net (not this module: compiling it would break `self.log`).
+        input_mean, input_std: input preprocessing done here, on the device: the net takes
+            (x - mean) / std of the batch as it arrives, converted to float (image data sets send
+            uint8 pixels 0..255: a quarter of the host-to-device bytes of float32). One value, or
+            one per channel of [B, C, H, W] inputs; in the checkpoint, so evaluate, export and
+            predict apply it too. None: the batch goes to the net as it is (the data module
+            preprocessed it on the host).
     """
+
+    input_mean: torch.Tensor | None  # buffers (register_buffer below)
+    input_std: torch.Tensor | None
 
     def __init__(
         self,
@@ -71,6 +80,8 @@ class Classifier(L.LightningModule):
         base_batch_size: int = 64,
         channels_last: bool = False,
         compile: bool = False,
+        input_mean: float | Sequence[float] | None = None,
+        input_std: float | Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -88,6 +99,13 @@ class Classifier(L.LightningModule):
             net.compile()  # in place: state_dict keys stay those of the plain net
         self.net = net
         self.channels_last = channels_last
+        if (input_mean is None) != (input_std is None):
+            raise ConfigError("input_std", input_std, "set input_mean and input_std together")
+        if input_std is not None and min(_as_list(input_std)) <= 0:
+            raise ConfigError("input_std", input_std, "expected values > 0")
+        # Not in the state_dict (the hyperparameters carry them): older checkpoints still load.
+        self.register_buffer("input_mean", _per_channel(input_mean), persistent=False)
+        self.register_buffer("input_std", _per_channel(input_std), persistent=False)
         # Set by the LR finder (tuner.lr_find=true); overrides the optimizer's lr when not None.
         self.lr: float | None = None
         self.effective_batch_size: int | None = None
@@ -99,6 +117,7 @@ class Classifier(L.LightningModule):
             "num_classes": num_classes, "scheduler_interval": scheduler_interval,
             "lr_scaling": lr_scaling, "base_batch_size": base_batch_size,
             "channels_last": channels_last, "compile": compile,
+            "input_mean": _plain_floats(input_mean), "input_std": _plain_floats(input_std),
         })  # fmt: skip
         # micro average = plain accuracy (fraction of correct predictions).
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -107,6 +126,10 @@ class Classifier(L.LightningModule):
         self.val_acc_best = MaxMetric()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_mean is not None and self.input_std is not None:
+            # uint8 -> float on the device; the default dtype is the run's (bf16 under
+            # precision=bf16-true, where Lightning sets it around forward).
+            x = (x.to(torch.get_default_dtype()) - self.input_mean) / self.input_std
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
@@ -256,6 +279,28 @@ class Classifier(L.LightningModule):
             f"{_shown(restored)} -> {_shown(self._planned_length)} {unit}s, continuing at "
             f"{unit} {position} with lr {optimizer.param_groups[0]['lr']:.3g}"
         )
+
+
+def _per_channel(values: float | Sequence[float] | None) -> torch.Tensor | None:
+    """None, a scalar tensor, or [C, 1, 1] for per-channel values (broadcast over [B, C, H, W])."""
+    if values is None:
+        return None
+    flat = torch.tensor(_as_list(values), dtype=torch.float32)
+    return flat.reshape(()) if flat.numel() == 1 else flat.view(-1, 1, 1)
+
+
+def _plain_floats(values: float | Sequence[float] | None) -> float | list[float] | None:
+    """A plain float or list of floats (checkpoint hyperparameters hold no OmegaConf lists)."""
+    if values is None or isinstance(values, (int, float)):
+        return None if values is None else float(values)
+    return [float(v) for v in values]
+
+
+def _as_list(values: float | Sequence[float]) -> list[float]:
+    plain = _plain_floats(values)
+    if isinstance(plain, list) and not plain:
+        raise ConfigError("input_mean", values, "expected a number or a non-empty list")
+    return plain if isinstance(plain, list) else [float(plain or 0.0)]
 
 
 def _length_of(scheduler: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from torch.utils.data import TensorDataset
 
 from fasttrain.config.errors import ConfigError, check_shape
 from fasttrain.data.base import TensorDataModule
+from fasttrain.data.folds import check_folds, fold_indices
 
 Standardize = Literal["per_feature", "global", "none"]
 
@@ -34,6 +35,8 @@ class ArrayDataModule(TensorDataModule):
         standardize: "per_feature" (each feature its own mean/std: tabular data), "global" (one
             mean/std: pixels) or "none"; always from the training split, so nothing leaks.
         val_fraction, test_fraction, seed, **loader: as TensorDataModule.
+        num_folds, fold: k-fold cross-validation (fasttrain.data.folds): with `fold` set, train
+            on the other folds of the train+val pool and validate on fold `fold`; null: off.
     """
 
     def __init__(
@@ -44,11 +47,15 @@ class ArrayDataModule(TensorDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.2,
         seed: int = 42,
+        num_folds: int = 5,
+        fold: int | None = None,
         **loader: Any,
     ) -> None:
         super().__init__(
             val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, **loader
         )
+        check_folds(num_folds, fold)
+        self.num_folds, self.fold = num_folds, fold
         if num_classes < 2:
             raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         if standardize not in ("per_feature", "global", "none"):
@@ -72,14 +79,20 @@ class ArrayDataModule(TensorDataModule):
             raise ConfigError(
                 "input_shape", list(self.input_shape), f"samples have {x.shape[1]} values"
             )
-        holdout = self.val_fraction + self.test_fraction
-        x_train, x_rest, y_train, y_rest = train_test_split(
-            x, y, test_size=holdout, stratify=y, random_state=self.seed
-        )
-        x_val, x_test, y_val, y_test = train_test_split(
-            x_rest, y_rest, test_size=self.test_fraction / holdout, stratify=y_rest,
-            random_state=self.seed,
-        )  # fmt: skip
+        if self.fold is not None:
+            train, val, test = fold_indices(y, self.num_folds, self.fold, self.test_fraction,
+                                            self.seed)  # fmt: skip
+            x_train, x_val, x_test = x[train], x[val], x[test]
+            y_train, y_val, y_test = y[train], y[val], y[test]
+        else:
+            holdout = self.val_fraction + self.test_fraction
+            x_train, x_rest, y_train, y_rest = train_test_split(
+                x, y, test_size=holdout, stratify=y, random_state=self.seed
+            )
+            x_val, x_test, y_val, y_test = train_test_split(
+                x_rest, y_rest, test_size=self.test_fraction / holdout, stratify=y_rest,
+                random_state=self.seed,
+            )  # fmt: skip
         mean, std = self._statistics(x_train)
         self.mean, self.std = mean, std  # [features] or scalars: input_statistics() shapes them
         return {

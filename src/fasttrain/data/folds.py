@@ -1,0 +1,47 @@
+"""k-fold cross-validation splits: the test split is held out once, the rest cut into K folds.
+
+    python train.py data.fold=2                     fold 2 of data.num_folds (5): train on the
+                                                    other four folds, validate on fold 2
+    python train.py -m data.fold='range(5)'         all five; the sweep ends with cv_summary.json
+
+Everything is stratified (each split keeps the class proportions) and fixed by `seed`. The test
+split is the same rows in every fold, so the folds' test metrics measure one thing; the folds
+partition the remaining train+val pool, each row validated in exactly one fold. `val_fraction`
+plays no part: a fold validates on 1/K of the pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.model_selection import StratifiedKFold, train_test_split
+
+from fasttrain.config.errors import ConfigError, UserError
+
+
+def check_folds(num_folds: int, fold: int | None) -> None:
+    """Constructor-time checks (before a run writes anything); the size check needs the labels
+    and happens in `fold_indices`."""
+    if num_folds < 2:
+        raise ConfigError("num_folds", num_folds, "expected an int >= 2")
+    if fold is not None and not 0 <= fold < num_folds:
+        raise ConfigError(
+            "fold", fold, f"expected 0..{num_folds - 1} (data.num_folds={num_folds}) or null"
+        )
+
+
+def fold_indices(
+    y: np.ndarray, num_folds: int, fold: int, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, val, test) row indices into y [N] for fold `fold` of `num_folds`."""
+    rows = np.arange(len(y))
+    pool, test = train_test_split(rows, test_size=test_fraction, stratify=y, random_state=seed)
+    _, counts = np.unique(y[pool], return_counts=True)
+    if counts.min() < num_folds:
+        # Raised while the data loads, outside the builder that prefixes `data.`: named here.
+        raise UserError(
+            f"data.num_folds={num_folds}: the smallest class has {counts.min()} samples in the "
+            f"train+val pool ({len(pool)} samples), fewer than one per fold; use fewer folds"
+        )
+    folds = StratifiedKFold(n_splits=num_folds, shuffle=True, random_state=seed)
+    train, val = list(folds.split(pool, y[pool]))[fold]
+    return pool[train], pool[val], test

@@ -17,11 +17,13 @@ from torch.utils.data import TensorDataset
 
 from fasttrain.config.errors import ConfigError, check_shape
 from fasttrain.data.base import TensorDataModule
+from fasttrain.data.folds import check_folds, fold_indices
 
 
 class NpyDataModule(TensorDataModule):
     """x.npy: float or uint8 [N, *input_shape] (uint8 is scaled to [0, 1]); y.npy: int [N] in
-    [0, num_classes). Split at random into train/val/test, fixed by `seed`.
+    [0, num_classes). Split at random into train/val/test, fixed by `seed`; with `fold` set,
+    into stratified folds instead (`num_folds`, `fold`: as ArrayDataModule).
 
     `loader` takes the loading knobs of TensorDataModule (batch_size, num_workers, ...).
     """
@@ -34,11 +36,15 @@ class NpyDataModule(TensorDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         seed: int = 42,
+        num_folds: int = 5,
+        fold: int | None = None,
         **loader: Any,
     ) -> None:
         super().__init__(
             val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, **loader
         )
+        check_folds(num_folds, fold)
+        self.num_folds, self.fold = num_folds, fold
         if num_classes < 2:
             raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         self.path, self.num_classes = Path(path), num_classes
@@ -91,9 +97,13 @@ class NpyDataModule(TensorDataModule):
         x, y = np.load(self.path / "x.npy"), np.load(self.path / "y.npy")
         xs = torch.as_tensor(x, dtype=torch.float32) / (255.0 if x.dtype == np.uint8 else 1.0)
         ys = torch.as_tensor(y, dtype=torch.long)
-        order = torch.randperm(len(xs), generator=torch.Generator().manual_seed(self.seed))
-        n_val = max(1, int(len(xs) * self.val_fraction))
-        n_test = max(1, int(len(xs) * self.test_fraction))
-        parts = order.split([len(xs) - n_val - n_test, n_val, n_test])
+        if self.fold is not None:  # stratified k-fold (fasttrain.data.folds)
+            rows = fold_indices(y, self.num_folds, self.fold, self.test_fraction, self.seed)
+            parts = tuple(torch.as_tensor(r) for r in rows)
+        else:
+            order = torch.randperm(len(xs), generator=torch.Generator().manual_seed(self.seed))
+            n_val = max(1, int(len(xs) * self.val_fraction))
+            n_test = max(1, int(len(xs) * self.test_fraction))
+            parts = order.split([len(xs) - n_val - n_test, n_val, n_test])
         return {name: TensorDataset(xs[idx], ys[idx]) for name, idx in
                 zip(("train", "val", "test"), parts, strict=True)}  # fmt: skip

@@ -1,0 +1,109 @@
+"""The summary of a k-fold sweep: `python train.py -m data.fold='range(5)'` ends with
+`cv_summary.json` in the sweep folder and a printed table, each metric's mean and standard
+deviation over the folds beside its per-fold values.
+
+A Hydra callback (conf/hydra/default.yaml): Hydra calls it once, in the process that launched
+the sweep, after the last job, whatever the launcher (local or SLURM). It reads what each job
+left in its folder (`metrics.json`, `.hydra/overrides.yaml`), so it needs nothing from the jobs'
+processes. Jobs that differ in more than the fold (`-m data.fold='range(5)' seed=1,2`) are
+summarised per group of equal other overrides.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+SUMMARY = "cv_summary.json"
+FOLD = "data.fold="
+
+
+class CrossValidationSummary(Callback):
+    """After a sweep over `data.fold`: cv_summary.json in the sweep folder and a table."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        overrides = [str(o) for o in config.hydra.overrides.task]
+        if not any(o.lstrip("+").startswith(FOLD) for o in overrides):
+            return  # not a cross-validation sweep
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        summary = summarize(sweep_dir)
+        (sweep_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
+        show(summary, sweep_dir / SUMMARY)
+
+
+def summarize(sweep_dir: Path) -> dict[str, Any]:
+    """{"sweep_dir", "groups": [{"overrides", "folds", "runs", "missing", "metrics": {name:
+    {"mean", "std", "per_fold"}}}]}: std is the sample standard deviation (n - 1), null for one
+    fold; a metric is summarised only where every fold of its group logged it."""
+    groups: dict[tuple[str, ...], list[tuple[int, Path]]] = {}
+    for file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
+        job = [str(o) for o in _yaml_list(file)]
+        fold = next((o for o in job if o.lstrip("+").startswith(FOLD)), None)
+        if fold is None:
+            continue
+        rest = tuple(o for o in job if o != fold)
+        groups.setdefault(rest, []).append((int(fold.split("=", 1)[1]), file.parent.parent))
+    return {
+        "sweep_dir": str(sweep_dir),
+        "groups": [_group(list(k), sorted(v)) for k, v in groups.items()],
+    }
+
+
+def _group(overrides: list[str], jobs: list[tuple[int, Path]]) -> dict[str, Any]:
+    done = [(fold, run, _metrics(run)) for fold, run in jobs]
+    folds = [(fold, run, m) for fold, run, m in done if m is not None]
+    names = set.intersection(*(set(m) for _, _, m in folds)) if folds else set()
+    metrics = {}
+    for name in sorted(names):
+        values = [float(m[name]) for _, _, m in folds]
+        std = statistics.stdev(values) if len(values) > 1 else None
+        metrics[name] = {"mean": statistics.fmean(values), "std": std, "per_fold": values}
+    return {
+        "overrides": overrides,
+        "folds": [fold for fold, _, _ in folds],
+        "runs": [run.name for _, run, _ in folds],
+        "missing": [run.name for _, run, m in done if m is None],  # no metrics.json: not finished
+        "metrics": metrics,
+    }
+
+
+def _metrics(run: Path) -> dict[str, float] | None:
+    file = run / "metrics.json"
+    if not file.is_file():
+        return None
+    values = json.loads(file.read_text()).get("metrics", {})
+    return {k: v for k, v in values.items() if isinstance(v, (int, float))}
+
+
+def _yaml_list(file: Path) -> list[Any]:
+    from omegaconf import OmegaConf
+
+    return list(OmegaConf.to_container(OmegaConf.load(file)) or [])  # type: ignore[arg-type]
+
+
+def show(summary: dict[str, Any], file: Path) -> None:
+    """One table per group: the val/ and test/ metrics, mean ± std, then each fold's value."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(soft_wrap=True)
+    groups = summary["groups"]
+    shared = set.intersection(*(set(g["overrides"]) for g in groups)) if groups else set()
+    for group in groups:
+        differs = [o for o in group["overrides"] if o not in shared]  # what tells groups apart
+        title = "cross-validation" + (f" ({', '.join(differs)})" if differs else "")
+        table = Table(title=f"{title}: {len(group['folds'])} folds", title_justify="left")
+        for column in ("metric", "mean", "std", *(f"fold {f}" for f in group["folds"])):
+            table.add_column(column, justify="left" if column == "metric" else "right")
+        for name, m in group["metrics"].items():
+            if name.startswith(("val/", "test/")):
+                std = "-" if m["std"] is None else f"{m['std']:.4f}"
+                table.add_row(name, f"{m['mean']:.4f}", std, *(f"{v:.4f}" for v in m["per_fold"]))
+        console.print(table)
+        if group["missing"]:
+            console.print(f"[bold]not finished[/] {', '.join(group['missing'])}")
+    console.print(f"[bold]summary[/]     {file}")

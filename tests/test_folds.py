@@ -107,6 +107,16 @@ def test_a_data_set_too_small_for_k_fails_naming_num_folds() -> None:
         module.setup()
 
 
+def test_every_job_of_a_fold_sweep_is_checked_before_it_starts(tmp_path: Path) -> None:
+    from fasttrain.cli import construct_each
+    from fasttrain.config.overrides import check_command_line
+
+    checked = check_command_line("train", ["-m", "data.fold=0,7", f"paths.log_dir={tmp_path}"])
+    with pytest.raises(UserError, match=r"^data.fold=7: expected 0..4"):
+        construct_each(checked.jobs)
+
+
+@pytest.mark.slow  # a subprocess (~10 s): the same check as above, through python train.py
 def test_bad_fold_on_the_command_line_writes_nothing(tmp_path: Path) -> None:
     proc = run_cli(["train.py", "-m", "data.fold=0,7"], tmp_path / "logs")
     assert proc.returncode == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from practices import build_run, compose_train
@@ -50,14 +51,17 @@ class NaNAt(MLP):
         return out
 
 
-def nan_run(tmp_path: Path, action: str):
+def nan_run(tmp_path: Path, action: str, *extra: str, bad_call: int | None = 2, callbacks=()):
     cfg = compose_train(
         tmp_path, *CPU, "+callbacks@callbacks.nonfinite=none",
         "+callbacks.nonfinite._target_=fasttrain.callbacks.grad_health.NonFiniteGuard",
-        f"+callbacks.nonfinite.action={action}", "trainer.limit_val_batches=0",
+        f"+callbacks.nonfinite.action={action}", "trainer.limit_val_batches=0", *extra,
     )  # fmt: skip
-    net = NaNAt([1, 8, 8], 10, hidden=[16], dropout=0.0, bad_call=2)
-    return build_run(cfg, net=net)
+    torch.manual_seed(0)  # the same initial weights in every run
+    net = NaNAt(
+        [1, 8, 8], 10, hidden=[16], dropout=0.0, bad_call=-1 if bad_call is None else bad_call
+    )
+    return build_run(cfg, list(callbacks), net=net)
 
 
 def test_nonfinite_raise_names_step_and_parameter(tmp_path: Path) -> None:
@@ -68,16 +72,71 @@ def test_nonfinite_raise_names_step_and_parameter(tmp_path: Path) -> None:
         trainer.fit(model, datamodule=datamodule)
 
 
+def test_nonfinite_raise_reports_the_first_bad_step_late_but_saves_nothing_after_it(
+    tmp_path: Path,
+) -> None:
+    # Logging every 10 steps and a checkpoint every 3: the verdict is read at step 3's save,
+    # which it refuses; the run names step 2 and last.ckpt stays the finite one of step... none
+    # before 3 here, so no checkpoint at all.
+    cfg = compose_train(
+        tmp_path, *CPU, "callbacks=default", "callbacks.best=null", "callbacks.perf=null",
+        "callbacks.grad_monitor=null", "callbacks.progress_bar=null", "callbacks.lr_monitor=null",
+        "callbacks.checkpoint.every_n_train_steps=3", "trainer.enable_checkpointing=true",
+        "trainer.log_every_n_steps=10", "trainer.limit_train_batches=8",
+        "trainer.limit_val_batches=0",
+    )  # fmt: skip
+    net = NaNAt([1, 8, 8], 10, hidden=[16], dropout=0.0, bad_call=2)
+    trainer, model, datamodule = build_run(cfg, net=net)
+    with pytest.raises(NonFiniteGradientError, match=r"at step 2 "):
+        trainer.fit(model, datamodule=datamodule)
+    assert trainer.global_step == 3  # it went on until the check before the first save
+    assert not list((tmp_path / "run").rglob("*.ckpt"))
+
+
 def test_nonfinite_skip_skips_the_step_and_counts_it(tmp_path: Path) -> None:
-    trainer, model, datamodule = nan_run(tmp_path, "skip")
+    trainer, model, datamodule = nan_run(tmp_path, "skip", "logger=csv")
     guard = next(c for c in trainer.callbacks if type(c).__name__ == "NonFiniteGuard")
     with pytest.warns(UserWarning, match="non-finite gradient at step 2"):
         trainer.fit(model, datamodule=datamodule)
     assert guard.skipped == 1
-    assert trainer.callback_metrics["nonfinite/skipped"] == 1.0
+    logged = (tmp_path / "run" / "csv" / "metrics.csv").read_text()
+    assert "nonfinite/skipped" in logged.splitlines()[0]
     # Training went on past the bad step and the weights stayed finite.
     assert model.net.calls == 4
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class DropStep(L.Callback):
+    """What skipping a step means: that batch's gradients never reach the optimizer."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step == self.step:
+            optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_adamw_on_device", "adamw_syncs"])
+def test_nonfinite_skip_equals_a_run_without_that_step(fused: bool, tmp_path: Path) -> None:
+    # AdamW with weight decay: a skipped step must move neither the weights (decay included)
+    # nor the moments or the step counts.
+    opt = ["model.optimizer.weight_decay=0.1", f"+model.optimizer.fused={str(fused).lower()}",
+           "trainer.limit_train_batches=6"]  # fmt: skip
+    trainer, model, datamodule = nan_run(tmp_path / "skip", "skip", *opt)
+    with pytest.warns(UserWarning, match="step 2"):
+        trainer.fit(model, datamodule=datamodule)
+    ref_trainer, ref, ref_data = nan_run(
+        tmp_path / "ref", "skip", *opt, bad_call=None, callbacks=[DropStep(2)]
+    )
+    ref_trainer.fit(ref, datamodule=ref_data)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    state, ref_state = trainer.optimizers[0].state, ref_trainer.optimizers[0].state
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(state[p][key], ref_state[q][key]), key
+    assert float(state[next(model.parameters())]["step"]) == 5  # 6 batches, 1 skipped
 
 
 @pytest.mark.parametrize("init", ["kaiming", "xavier"])

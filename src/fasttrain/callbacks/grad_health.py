@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import grad_norm, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 
 from fasttrain.config.errors import ConfigError
 
@@ -35,16 +35,23 @@ class GradNormMonitor(L.Callback):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
     ) -> None:
+        # Exactly every N optimizer steps (x = steps completed before this one): written to the
+        # loggers here, not through self.log, which Lightning would hold until its own logging
+        # step (or drop at an epoch's end).
         if trainer.global_step % self.every_n_steps:
             return
-        norms = grad_norm(pl_module, self.norm_type)
-        prefix = f"grad_{float(self.norm_type)}_norm"
-        logged = {"grad_norm/total": norms.pop(f"{prefix}_total", None)}
-        if self.per_layer:
-            logged |= {f"grad_norm/{k.removeprefix(prefix + '/')}": v for k, v in norms.items()}
-        present = {k: v for k, v in logged.items() if v is not None}
-        if present:
-            pl_module.log_dict(present, on_step=True, on_epoch=False)
+        named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
+        if not named:
+            return
+        # One fused norm per gradient and one read of them all (the only sync, on these steps).
+        norms = torch.stack(torch._foreach_norm([g for _, g in named], self.norm_type))
+        total = torch.linalg.vector_norm(norms, self.norm_type)
+        values = torch.cat((total[None], norms)).float().tolist() if self.per_layer else [
+            float(total)]  # fmt: skip
+        logged = {"grad_norm/total": values[0]}
+        logged |= {f"grad_norm/{n}": v for (n, _), v in zip(named, values[1:], strict=False)}
+        for logger in trainer.loggers:
+            logger.log_metrics(logged, step=trainer.global_step)
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -54,9 +61,19 @@ class NonFiniteGradientError(FloatingPointError):
 class NonFiniteGuard(L.Callback):
     """On a NaN/inf gradient: stop (`action=raise`) or skip that optimizer step (`action=skip`).
 
-    Skipped steps leave the weights untouched (gradients set to None, which optimizers skip) and
-    are counted in `nonfinite/skipped`. Under DDP the gradients are already all-reduced, so every
-    rank takes the same decision. Costs one device sync per optimizer step.
+    The verdict stays on the device: each step adds one fused norm per gradient and a few tiny
+    kernels, and the host reads the verdict only on logging steps (`trainer.log_every_n_steps`),
+    before every checkpoint is written, and at each epoch's and the fit's end. So:
+    - `raise` may stop up to one logging interval after the bad step, but it names that first
+      bad step and parameter, and no checkpoint with weights from that step on is ever written
+      (the check runs before every save): `last.ckpt` holds the last finite weights.
+    - `skip` never applies a bad step (no moment, weight-decay or step-count update). With a
+      fused optimizer (`model.optimizer.fused=true`: Adam, AdamW, SGD) the optimizer reads the
+      verdict on the device (`found_inf`, as GradScaler passes it) and nothing syncs; with any
+      other optimizer the guard reads the verdict every step (one sync) and drops the bad step's
+      gradients (`None` gradients are skipped by torch optimizers). Skipped steps are counted in
+      `nonfinite/skipped`. Under DDP the gradients are already all-reduced, so every rank takes
+      the same decision.
 
     Args:
         action: "raise" or "skip" (see above).
@@ -77,43 +94,109 @@ class NonFiniteGuard(L.Callback):
             )
         self.action, self.max_consecutive_skips = action, max_consecutive_skips
         self.skipped = self.consecutive = 0
+        self._base = self._reported = 0  # skipped steps of earlier fits (a resumed run)
+        self._names: list[str] = []
+        self._state: torch.Tensor | None = None  # on the device, see _update
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # [first bad step, its first bad parameter, steps seen, skipped, skipped in a row]; the
+        # step count starts at the restored global step (one host-to-device copy per fit).
+        start = [-1, -1, trainer.global_step, 0, 0]
+        self._state = torch.tensor(start, dtype=torch.long, device=pl_module.device)
+        self._reported = self._base
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
     ) -> None:
         named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
-        if not named:
+        if not named or self._state is None:
             return
-        # Common case, all finite: one fused (foreach) norm over every gradient and one sync,
-        # not a kernel per tensor. The norm is finite iff every entry is (a finite gradient so
-        # large that its norm overflows float32, |g| > 1e19, counts too: that step diverges).
-        total = torch.nn.utils.get_total_norm([g for _, g in named], foreach=True)
-        if bool(torch.isfinite(total)):
-            self.consecutive = 0
+        self._names = [n for n, _ in named]
+        # One fused norm per gradient: non-finite iff some entry is (a finite gradient so large
+        # that its norm overflows, |g| > 1e19 in float32, counts too: that step diverges).
+        norms = torch.stack(torch._foreach_norm([g for _, g in named]))  # [P]
+        bad = ~torch.isfinite(norms)
+        found = bad.any()
+        self._update(bad, found)
+        if self.action == "skip" and not _fused(optimizer):
+            # No device-side skip: read the verdict now (one sync) and drop a bad step's
+            # gradients (torch optimizers skip parameters whose gradient is None).
+            if self._check(trainer):
+                optimizer.zero_grad(set_to_none=True)
             return
-        finite = [bool(torch.isfinite(g).all()) for _, g in named]
-        first = named[finite.index(False) if False in finite else 0][0]
-        where = f"non-finite gradient at step {trainer.global_step} (first in parameter '{first}')"
+        if self.action == "skip":
+            # Fused Adam/AdamW/SGD skip the whole update where found_inf is non-zero, on the
+            # device, as under GradScaler (which, under 16-mixed, passes its own: NaN included).
+            _inner(optimizer).found_inf = found.float()
+        every = max(1, trainer.log_every_n_steps)  # type: ignore[attr-defined]
+        if trainer.global_step % every == 0:
+            self._check(trainer)
+
+    def _update(self, bad: torch.Tensor, found: torch.Tensor) -> None:
+        state = self._state
+        assert state is not None
+        first = found & (state[0] < 0)
+        state[0] = torch.where(first, state[2], state[0])
+        state[1] = torch.where(first, bad.long().argmax(), state[1])
+        state[2] += 1
+        state[3] += found.long()
+        state[4] = (state[4] + 1) * found.long()
+
+    def _check(self, trainer: L.Trainer) -> bool:
+        """Read the verdict on the host (a sync): raise, or report skipped steps; True when the
+        step just seen was non-finite."""
+        if self._state is None:
+            return False
+        first_step, first_param, _, skipped, in_a_row = self._state.tolist()
+        if first_step < 0:
+            return False
+        name = self._names[first_param] if 0 <= first_param < len(self._names) else "?"
+        where = f"non-finite gradient at step {first_step} (first in parameter '{name}')"
         if self.action == "raise":
             raise NonFiniteGradientError(
                 f"{where}; lower the lr, clip gradients (trainer.gradient_clip_val=1.0) or use "
                 "callbacks.nonfinite.action=skip"
             )
-        self.consecutive += 1
-        if self.consecutive >= self.max_consecutive_skips:
+        self.skipped, self.consecutive = self._base + skipped, in_a_row
+        if in_a_row >= self.max_consecutive_skips:
             raise NonFiniteGradientError(
-                f"{where}: {self.consecutive} optimizer steps in a row skipped "
+                f"{where}: {in_a_row} optimizer steps in a row skipped "
                 f"(callbacks.nonfinite.max_consecutive_skips={self.max_consecutive_skips}), the "
                 "model no longer learns; lower the lr, clip gradients, or use "
                 "trainer.precision=16-mixed/bf16-mixed instead of 16-true"
             )
-        optimizer.zero_grad(set_to_none=True)
-        self.skipped += 1
-        rank_zero_warn(f"{where}: optimizer step skipped ({self.skipped} so far)")
-        pl_module.log("nonfinite/skipped", float(self.skipped), on_step=True, on_epoch=False)
+        if self.skipped > self._reported:
+            new, self._reported = self.skipped - self._reported, self.skipped
+            what = "optimizer step skipped" if new == 1 else f"{new} optimizer steps skipped"
+            rank_zero_warn(f"{where}: {what} ({self.skipped} so far)")
+            for logger in trainer.loggers:
+                logger.log_metrics({"nonfinite/skipped": float(self.skipped)}, trainer.global_step)
+        return in_a_row > 0
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Before the file is written: a raise here writes nothing, so no checkpoint ever holds
+        # weights updated by a non-finite step.
+        self._check(trainer)
 
     def state_dict(self) -> dict[str, Any]:
         return {"skipped": self.skipped}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.skipped = state_dict.get("skipped", 0)
+        self.skipped = self._base = self._reported = state_dict.get("skipped", 0)
+
+
+def _inner(optimizer: Any) -> Any:
+    return getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps torch's
+
+
+def _fused(optimizer: Any) -> bool:
+    """Whether every parameter group runs torch's fused kernel (which accepts `found_inf`)."""
+    return all(group.get("fused") for group in _inner(optimizer).param_groups)

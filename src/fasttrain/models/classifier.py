@@ -120,10 +120,13 @@ class Classifier(L.LightningModule):
             "input_mean": _plain_floats(input_mean), "input_std": _plain_floats(input_std),
         })  # fmt: skip
         # micro average = plain accuracy (fraction of correct predictions).
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc_best = MaxMetric()
+        # Host values read on the last logging step, for the progress bar (never read per step).
+        self.progress: dict[str, float] = {}
+        self._train_sums = torch.zeros(2)  # [loss x samples, correct] of the epoch, on the device
+        self._train_samples, self._log_every, self._last_logged = 0, 1, -1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_mean is not None and self.input_std is not None:
@@ -158,14 +161,43 @@ class Classifier(L.LightningModule):
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
     ) -> torch.Tensor:
         loss, logits, y = self._shared_step(batch)
-        self.train_acc.update(logits, y)
-        # One self.log per step: each call costs ~0.5-1 ms of Lightning bookkeeping on the CPU
-        # (bench/overhead.py), so the accuracy is logged once, at the epoch's end.
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        # The epoch's sums stay on the device ([loss x samples, correct]); no self.log here: on
+        # a step that does not log, nothing is read back to the host (no sync) and Lightning's
+        # per-call bookkeeping (~0.5 ms on a CPU) is not paid.
+        correct = (logits.argmax(dim=-1) == y).sum()
+        self._train_sums += torch.stack((loss.detach().float() * len(y), correct.float()))
+        self._train_samples += len(y)
+        step = self.trainer.global_step
+        if step % self._log_every == 0 and step != self._last_logged:
+            self._log_step(loss, step)
         return loss
 
+    def _log_step(self, loss: torch.Tensor, step: int) -> None:
+        """Write this step's values at x = optimizer steps completed (the first micro-batch of an
+        accumulation window): the one read of the loss every `trainer.log_every_n_steps`."""
+        self._last_logged = step
+        value = loss.item()
+        for logger in self.loggers:
+            logger.log_metrics({"train/loss_step": value}, step=step)
+        self.progress["train/loss"] = value  # shown by fasttrain.callbacks.progress.ProgressBar
+
+    def on_train_epoch_start(self) -> None:
+        self._train_sums = torch.zeros(2, dtype=torch.float32, device=self.device)
+        self._train_samples = 0
+        # Set on the trainer at run time by Lightning's logger connector, hence unknown to mypy.
+        self._log_every = max(1, self.trainer.log_every_n_steps)  # type: ignore[attr-defined]
+        self._last_logged = -1
+
     def on_train_epoch_end(self) -> None:
-        self.log("train/acc", self.train_acc)  # computes over the epoch's updates, then resets
+        # One sync per epoch: the sums of every rank, then the epoch's means.
+        count = self._train_sums.new_tensor([self._train_samples])
+        totals = self.trainer.strategy.reduce(torch.cat((self._train_sums, count)), reduce_op="sum")
+        loss, acc = totals[0] / totals[2].clamp(min=1), totals[1] / totals[2].clamp(min=1)
+        self.log("train/loss_epoch", loss)
+        self.log("train/acc", acc)
+        # For callbacks that monitor train/loss (EarlyStopping, ModelCheckpoint), not logged twice.
+        self.log("train/loss", loss, logger=False)
+        self.progress["train/loss"] = float(loss)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss, logits, y = self._shared_step(batch)

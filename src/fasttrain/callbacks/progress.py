@@ -1,0 +1,24 @@
+"""The progress bar: Lightning's rich bar, fed host values the module read on a logging step.
+
+Anything logged with `self.log(..., prog_bar=True)` in `training_step` is turned into a Python
+number by Lightning after every batch (a device-to-host sync per step on a GPU, whether or not a
+bar is shown), and again on every later batch of the epoch. The Classifier instead keeps the
+values it read on its last logging step in `pl_module.progress` (plain floats); this bar shows
+them beside Lightning's own (epoch-level validation values, the version).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
+
+
+class ProgressBar(RichProgressBar):
+    """RichProgressBar that also shows `pl_module.progress` (a dict of floats), if it has one."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        shown = getattr(pl_module, "progress", None)
+        metrics = super().get_metrics(trainer, pl_module)
+        return {**metrics, **shown} if isinstance(shown, dict) else metrics

@@ -1,0 +1,120 @@
+"""The hot path: a training step of the default configuration that does not log makes no
+device-to-host synchronisation.
+
+Counted at torch's dispatch level, where every `.item()`, `bool(t)`, `float(t)` and `t.tolist()`
+of a tensor element arrives as `aten._local_scalar_dense`, together with the ops whose output
+size depends on the data (`nonzero`, `masked_select`, `unique`, boolean indexing) and copies to
+the host. On the CPU nothing waits, but the calls are the same ones that stall a GPU.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from practices import build_run, compose_train
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Ops that make the host wait for the device (on a GPU): a scalar read, or an output whose size
+# depends on the data.
+SYNCING = {
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten.masked_select.default,
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.equal.default,
+    torch.ops.aten._unique2.default,
+    torch.ops.aten.unique_dim.default,
+    torch.ops.aten.unique_consecutive.default,
+}
+
+
+class SyncCounter(TorchDispatchMode):
+    """Records each syncing call; `ignored` tensors (by id) are host-side counters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.ignored: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self._syncs(func, args, kwargs):
+            self.calls.append(f"{func} at {_caller()}")
+        return func(*args, **kwargs)
+
+    def _syncs(self, func: Any, args: Any, kwargs: Any) -> bool:
+        if func in SYNCING:
+            return not (args and id(args[0]) in self.ignored)
+        if func is torch.ops.aten.index.Tensor:  # boolean-mask indexing runs nonzero inside
+            return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+            src = args[1] if func is torch.ops.aten.copy_.default else args[0]
+            dest = kwargs.get("device") if func is torch.ops.aten._to_copy.default else args[0]
+            where = dest if isinstance(dest, torch.device) else getattr(dest, "device", None)
+            return src.device.type != "cpu" and str(where).startswith("cpu")
+        return False
+
+
+def _caller() -> str:
+    """The innermost frame outside torch and this file: who asked for the value."""
+    for frame in reversed(traceback.extract_stack()):
+        if "/torch/" not in frame.filename and frame.filename != __file__:
+            return f"{Path(frame.filename).name}:{frame.lineno} ({frame.name})"
+    return "?"
+
+
+class CountPerStep(L.Callback):
+    """Counts syncs from one training batch's start to the next one's (Lightning's bookkeeping
+    after a batch and the next fetch included), for steady-state batches."""
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self.counter = SyncCounter()
+        self.per_step: dict[int, list[str]] = {}
+        self.logging: set[int] = set()
+        self._open: int | None = None
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
+        self._close()
+        if trainer.current_epoch == 0 and i >= self.first:
+            # AdamW's per-parameter step counters live on the host (never a sync on a GPU).
+            optimizer = trainer.optimizers[0]
+            self.counter.ignored = {id(s["step"]) for s in optimizer.state.values() if "step" in s}
+            self.counter.calls = []
+            self.counter.__enter__()
+            self._open = i
+            if trainer.global_step % trainer.log_every_n_steps == 0:
+                self.logging.add(i)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self.counter.__exit__(None, None, None)
+            self.per_step[self._open] = list(self.counter.calls)
+            self._open = None
+
+
+def test_default_config_makes_no_sync_on_steps_that_do_not_log(tmp_path: Path) -> None:
+    # The default configuration (callbacks, logger, progress bar, data module: digits), one
+    # epoch of 35 batches of 32 on the CPU.
+    cfg = compose_train(
+        tmp_path, "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_epochs=1",
+        "data.batch_size=32", "test=false", quick=False,
+    )  # fmt: skip
+    counter = CountPerStep(first=3)
+    trainer, model, datamodule = build_run(cfg, callbacks=[counter])
+    trainer.fit(model, datamodule=datamodule)
+    batches = trainer.num_training_batches
+    quiet = {i: calls for i, calls in counter.per_step.items()
+             if i not in counter.logging and i != batches - 1}  # fmt: skip
+    assert len(quiet) >= 20, sorted(counter.per_step)
+    syncing = {i: calls for i, calls in quiet.items() if calls}
+    assert not syncing, f"syncs on non-logging steps: {syncing}"
+    # The counter sees them where they happen: logging steps do read values.
+    assert any(counter.per_step[i] for i in counter.logging if i in counter.per_step)

@@ -6,6 +6,7 @@ device value on the host."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 RESUMABLE = [*EMA_RUN, "callbacks.checkpoint.every_n_train_steps=3", "test=false"]
 
 
-def train_in_process(log_dir: Path, run_name: str, extra: list[str] = ()) -> Path:
+def train_in_process(log_dir: Path, run_name: str, extra: Sequence[str] = ()) -> Path:
     from fasttrain.tasks import train
 
     run = log_dir / "train" / run_name

@@ -265,3 +265,12 @@ def test_the_classes_build_from_their_configs(tmp_path: Path) -> None:
     for name, cls in (("ema", EMA), ("swa", SWA)):
         cfg = composed(tmp_path, f"callbacks/averaging={name}")
         assert isinstance(build(cfg.callbacks.averaging, "callbacks.averaging"), cls)
+
+
+def test_a_second_fit_starts_from_the_raw_weights(tmp_path: Path) -> None:
+    # fasttrain.fit's OOM fallback calls trainer.fit again on the same trainer and model.
+    trainer, model, rec = fit(composed(tmp_path, *EMA_RUN, "trainer.max_epochs=1"))
+    assert not torch.equal(raw_params(model)[next(iter(rec.steps[-1]))],
+                           rec.steps[-1][next(iter(rec.steps[-1]))])  # fmt: skip
+    trainer.fit(model, datamodule=trainer.datamodule)  # max_epochs reached: no step
+    assert_equal(raw_params(model), rec.steps[-1])

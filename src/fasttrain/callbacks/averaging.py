@@ -91,6 +91,9 @@ class _Averaging(WeightAveraging):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == TrainerFn.FITTING:
+            # A second fit (the OOM fallback's retry) goes on from the raw weights, not from an
+            # average left in the model by the first.
+            self._use_raw(pl_module)
             # Built here (a resume loads into it before the model moves to its device)...
             self._average_model = Average(pl_module, self.decay)
             self._raw, self._after_fit = None, False

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
 from practices import build_run, compose_train
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -100,12 +101,17 @@ class CountPerStep(L.Callback):
             self._open = None
 
 
-def test_default_config_makes_no_sync_on_steps_that_do_not_log(tmp_path: Path) -> None:
+# ema: the weight average updated after every step (fasttrain.callbacks.averaging); Lightning's
+# own EMAWeightAveraging fails here with 2 syncs per step (torch's AveragedModel counter).
+@pytest.mark.parametrize("extra", [(), ("callbacks/averaging=ema",)], ids=["default", "ema"])
+def test_default_config_makes_no_sync_on_steps_that_do_not_log(
+    tmp_path: Path, extra: tuple[str, ...]
+) -> None:
     # The default configuration (callbacks, logger, progress bar, data module: digits), one
     # epoch of 35 batches of 32 on the CPU.
     cfg = compose_train(
         tmp_path, "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_epochs=1",
-        "data.batch_size=32", "test=false", quick=False,
+        "data.batch_size=32", "test=false", *extra, quick=False,
     )  # fmt: skip
     counter = CountPerStep(first=3)
     trainer, model, datamodule = build_run(cfg, callbacks=[counter])

@@ -124,3 +124,34 @@ def test_default_config_makes_no_sync_on_steps_that_do_not_log(
     assert not syncing, f"syncs on non-logging steps: {syncing}"
     # The counter sees them where they happen: logging steps do read values.
     assert any(counter.per_step[i] for i in counter.logging if i in counter.per_step)
+
+
+class LoggedAsBefore(L.Callback):
+    """Logs the loss the way the Classifier did before (self.log with on_step and on_epoch,
+    Lightning's batch-size-weighted epoch mean) under ref/*, to compare with train/*."""
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, i: int):
+        pl_module.log("ref/loss", outputs["loss"], on_step=True, on_epoch=True,
+                      batch_size=len(batch[1]))  # fmt: skip
+
+
+def test_logged_training_values_match_lightnings_own_reductions(tmp_path: Path) -> None:
+    import csv
+
+    cfg = compose_train(
+        tmp_path, "trainer.accelerator=cpu", "trainer.devices=1", "logger=csv",
+        "trainer.log_every_n_steps=1", "trainer.max_epochs=2", "trainer.limit_train_batches=5",
+        "data.batch_size=100",  # 5 batches of 100, the last epoch's last one full too
+    )  # fmt: skip
+    trainer, model, datamodule = build_run(cfg, callbacks=[LoggedAsBefore()])
+    trainer.fit(model, datamodule=datamodule)
+    rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
+    series = {
+        key: [float(r[key]) for r in rows if r.get(key)]
+        for key in ("train/loss_step", "ref/loss_step", "train/loss_epoch", "ref/loss_epoch")
+    }
+    assert len(series["train/loss_step"]) == 10  # every optimizer step, log_every_n_steps=1
+    assert series["train/loss_step"] == series["ref/loss_step"]
+    assert len(series["train/loss_epoch"]) == 2
+    for ours, ref in zip(series["train/loss_epoch"], series["ref/loss_epoch"], strict=True):
+        assert abs(ours - ref) < 1e-6 * max(1.0, abs(ref))

@@ -1,4 +1,5 @@
-"""Shared loader logic: in-memory (x, y) splits served by DataLoaders tuned to the machine."""
+"""Shared loader logic: in-memory (x, y) splits served a batch at a time (fasttrain.data.batches),
+from host memory or from the accelerator's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, TensorDataset
 
 from fasttrain.config.errors import ConfigError
+from fasttrain.data.batches import (
+    Batched,
+    DeviceLoader,
+    DeviceResumableLoader,
+    as_batch,
+    check_fits_on,
+)
 from fasttrain.data.prefetch import PREFETCHING
 from fasttrain.data.resumable import ResumableLoader, first_epoch
 
@@ -22,7 +30,7 @@ Auto = Literal["auto"]
 # Knobs that tune loading speed on this machine but never change which samples a split holds.
 LOADER_ARGS = (
     "batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
-    "device_prefetch",
+    "device_prefetch", "on_device",
 )  # fmt: skip
 
 
@@ -73,9 +81,13 @@ def _start_worker(worker_id: int, rank: int, seed: bool) -> None:
 class TensorDataModule(L.LightningDataModule):
     """Base for data sets that fit in memory: subclasses build the three splits, this serves them.
 
+    Every split is served a batch at a time: one gather per batch (fasttrain.data.batches).
+
     Args:
         batch_size: samples per step on each device.
-        num_workers: loader worker processes, or "auto" (see `resolve_num_workers`).
+        num_workers: loader worker processes, or "auto": 0 here, since a batch is one gather
+            in memory and workers pay off only for decoding work (their start-up and the
+            per-batch inter-process copy would cost more than the gather).
         pin_memory: page-locked host batches for async host-to-GPU copies, or "auto" (on CUDA).
         persistent_workers: keep workers alive between epochs (saves their start-up each epoch).
         prefetch_factor: batches each worker prepares ahead; ignored without workers.
@@ -83,6 +95,8 @@ class TensorDataModule(L.LightningDataModule):
         seed: fixes the split (and the synthetic data) independently of the global seed.
         device_prefetch: copy the next batch to the GPU on a side CUDA stream during the current
             step (fasttrain.data.prefetch); on CPU a no-op that says so once.
+        on_device: copy the splits to the accelerator once and gather every batch there (no
+            copy per step, no pinning; fasttrain.data.batches). Needs num_workers 0.
     """
 
     def __init__(
@@ -96,8 +110,17 @@ class TensorDataModule(L.LightningDataModule):
         test_fraction: float = 0.2,
         seed: int = 42,
         device_prefetch: bool = False,
+        on_device: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(on_device, bool):
+            raise ConfigError("on_device", on_device, "expected true or false")
+        if on_device and num_workers not in ("auto", 0):
+            raise ConfigError(
+                "on_device", on_device,
+                f"batches are gathered on the device, in the training process: set "
+                f"data.num_workers=0 (or auto), not {num_workers}",
+            )  # fmt: skip
         if batch_size < 1:
             raise ConfigError("batch_size", batch_size, "expected an int >= 1")
         if num_workers != "auto" and num_workers < 0:
@@ -112,12 +135,14 @@ class TensorDataModule(L.LightningDataModule):
                 "val_fraction", val_fraction, "val_fraction + test_fraction must be < 1"
             )
         self.batch_size = batch_size
-        self.num_workers = resolve_num_workers(num_workers)
-        self.pin_memory = resolve_pin_memory(pin_memory)
+        self.num_workers = 0 if num_workers == "auto" else num_workers
+        self.on_device = on_device
+        self.pin_memory = resolve_pin_memory(pin_memory) and not on_device
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
         self.val_fraction, self.test_fraction, self.seed = val_fraction, test_fraction, seed
         self.splits: dict[str, TensorDataset] = {}
+        self._device_splits: dict[str, Batched] = {}
         self.device_prefetch = device_prefetch
         self._said_no_prefetch = False
 
@@ -127,9 +152,11 @@ class TensorDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if not self.splits:  # every stage shares one split; build it once per process
-            self.splits = self.make_splits()
+            self.splits = {k: Batched(*v.tensors) for k, v in self.make_splits().items()}
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        if self.on_device:
+            return self._device_loader(split, shuffle)
         workers = self.num_workers
         # Shuffled = training: an order fixed by (seed, epoch) that resumes mid-epoch exactly.
         order: dict[str, Any] = {"seed": self.seed, "epoch": first_epoch(self.trainer)}
@@ -142,6 +169,7 @@ class TensorDataModule(L.LightningDataModule):
             self.splits[split],
             **order,
             batch_size=self.batch_size,
+            collate_fn=as_batch,
             num_workers=workers,
             worker_init_fn=worker_init(self.trainer.global_rank if self.trainer else 0),
             pin_memory=self.pin_memory,
@@ -149,6 +177,23 @@ class TensorDataModule(L.LightningDataModule):
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
         )
+
+    def _device_loader(self, split: str, shuffle: bool) -> DataLoader:
+        """data.on_device: the split moves to the accelerator on first use; same sampler and
+        batch sampler as the host path, so the same batches in the same order."""
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        if split not in self._device_splits:
+            host = {k: v for k, v in self.splits.items() if k not in self._device_splits}
+            check_fits_on(host, device)  # every split still to move
+            tensors = self.splits[split].tensors
+            self._device_splits[split] = Batched(*(t.to(device) for t in tensors))
+        dataset = self._device_splits[split]
+        if shuffle:
+            return DeviceResumableLoader(
+                dataset, seed=self.seed, epoch=first_epoch(self.trainer), batch_size=self.batch_size
+            )
+        return DeviceLoader(dataset, batch_size=self.batch_size)
 
     def _prefetch_device(self) -> torch.device | None:
         """The CUDA device batches are prefetched to, or None (off, or nothing to prefetch to)."""

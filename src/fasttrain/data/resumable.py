@@ -97,12 +97,17 @@ class ResumableLoader(DataLoader):
         return self._skipper
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a counting generator
-        iterator = super().__iter__()  # reads _index_sampler, so the skip applies to this pass
+        iterator = self._batches()  # the skip applies to this pass
         self._served, self._skip = self._skip, 0
         if self._skipper is not None:
             # A persistent-worker iterator keeps the wrapper and re-reads it every epoch.
             self._skipper.skip, self._skipper = 0, None
         return self._count(iterator)
+
+    def _batches(self) -> Iterable[Any]:
+        """This pass's batches, the first `self._skip` left out (DataLoader's iterator reads
+        `_index_sampler`, which applies the skip)."""
+        return super().__iter__()
 
     def _count(self, iterator: Iterable[Any]) -> Iterator[Any]:
         for batch in iterator:

@@ -172,7 +172,14 @@ class ResumeState(Callback):
 
         entropy = [abs(self.seed), trainer.current_epoch, batch_idx, trainer.global_rank]
         value = int(np.random.SeedSequence(entropy).generate_state(1)[0])
-        torch.manual_seed(value)
+        if torch.cuda.is_initialized():
+            torch.manual_seed(value)  # the CPU's and every GPU's generator
+        else:
+            # Before CUDA starts (a CPU run), torch.manual_seed queues the GPUs' seeding with a
+            # captured stack trace, ~0.2 ms a step: seed the CPU's generator alone (~2 us).
+            torch.default_generator.manual_seed(value)
+            if torch.backends.mps.is_available():
+                torch.mps.manual_seed(value)
         np.random.seed(value)
         random.seed(value)
 

@@ -61,14 +61,15 @@ class NonFiniteGradientError(FloatingPointError):
 class NonFiniteGuard(L.Callback):
     """On a NaN/inf gradient: stop (`action=raise`) or skip that optimizer step (`action=skip`).
 
-    The verdict stays on the device: each step adds one fused norm per gradient and a few tiny
-    kernels, and the host reads the verdict only on logging steps (`trainer.log_every_n_steps`),
-    before every checkpoint is written, and at each epoch's and the fit's end. So:
+    The verdict stays on the device: each step computes one fused norm per gradient and keeps
+    the [parameters] "non-finite" flags of the step in a list; the host reads the list only on
+    logging steps (`trainer.log_every_n_steps`), before every checkpoint is written, and at each
+    epoch's and the fit's end. So:
     - `raise` may stop up to one logging interval after the bad step, but it names that first
       bad step and parameter, and no checkpoint with weights from that step on is ever written
       (the check runs before every save): `last.ckpt` holds the last finite weights.
     - `skip` never applies a bad step (no moment, weight-decay or step-count update). With a
-      fused optimizer (`model.optimizer.fused=true`: Adam, AdamW, SGD) the optimizer reads the
+      fused optimizer (`+model.optimizer.fused=true`: Adam, AdamW, SGD) the optimizer reads the
       verdict on the device (`found_inf`, as GradScaler passes it) and nothing syncs; with any
       other optimizer the guard reads the verdict every step (one sync) and drops the bad step's
       gradients (`None` gradients are skipped by torch optimizers). Skipped steps are counted in
@@ -94,30 +95,25 @@ class NonFiniteGuard(L.Callback):
             )
         self.action, self.max_consecutive_skips = action, max_consecutive_skips
         self.skipped = self.consecutive = 0
-        self._base = self._reported = 0  # skipped steps of earlier fits (a resumed run)
+        self._reported = 0  # skipped steps already warned about
         self._names: list[str] = []
-        self._state: torch.Tensor | None = None  # on the device, see _update
+        # Since the last check: (optimizer step, non-finite flag per parameter [P] on the device).
+        self._window: list[tuple[int, torch.Tensor]] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # [first bad step, its first bad parameter, steps seen, skipped, skipped in a row]; the
-        # step count starts at the restored global step (one host-to-device copy per fit).
-        start = [-1, -1, trainer.global_step, 0, 0]
-        self._state = torch.tensor(start, dtype=torch.long, device=pl_module.device)
-        self._reported = self._base
+        self._window, self._reported = [], self.skipped
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
     ) -> None:
         named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
-        if not named or self._state is None:
+        if not named:
             return
         self._names = [n for n, _ in named]
         # One fused norm per gradient: non-finite iff some entry is (a finite gradient so large
         # that its norm overflows, |g| > 1e19 in float32, counts too: that step diverges).
-        norms = torch.stack(torch._foreach_norm([g for _, g in named]))  # [P]
-        bad = ~torch.isfinite(norms)
-        found = bad.any()
-        self._update(bad, found)
+        bad = ~torch.isfinite(torch.stack(torch._foreach_norm([g for _, g in named])))  # [P]
+        self._window.append((trainer.global_step, bad))
         if self.action == "skip" and not _fused(optimizer):
             # No device-side skip: read the verdict now (one sync) and drop a bad step's
             # gradients (torch optimizers skip parameters whose gradient is None).
@@ -127,51 +123,52 @@ class NonFiniteGuard(L.Callback):
         if self.action == "skip":
             # Fused Adam/AdamW/SGD skip the whole update where found_inf is non-zero, on the
             # device, as under GradScaler (which, under 16-mixed, passes its own: NaN included).
-            _inner(optimizer).found_inf = found.float()
+            _inner(optimizer).found_inf = bad.any().float()
         every = max(1, trainer.log_every_n_steps)  # type: ignore[attr-defined]
         if trainer.global_step % every == 0:
             self._check(trainer)
 
-    def _update(self, bad: torch.Tensor, found: torch.Tensor) -> None:
-        state = self._state
-        assert state is not None
-        first = found & (state[0] < 0)
-        state[0] = torch.where(first, state[2], state[0])
-        state[1] = torch.where(first, bad.long().argmax(), state[1])
-        state[2] += 1
-        state[3] += found.long()
-        state[4] = (state[4] + 1) * found.long()
-
     def _check(self, trainer: L.Trainer) -> bool:
-        """Read the verdict on the host (a sync): raise, or report skipped steps; True when the
-        step just seen was non-finite."""
-        if self._state is None:
+        """Read the window's flags on the host (one sync): raise, or count and report skipped
+        steps. True when the newest step in it was non-finite."""
+        if not self._window:
             return False
-        first_step, first_param, _, skipped, in_a_row = self._state.tolist()
-        if first_step < 0:
+        steps = [step for step, _ in self._window]
+        flags = torch.stack([bad for _, bad in self._window]).tolist()  # [steps][P]
+        self._window = []
+        first: tuple[int, int] | None = None
+        for step, row in zip(steps, flags, strict=True):
+            if any(row):
+                first = first or (step, row.index(True))
+                self.skipped += 1
+                self.consecutive += 1
+            else:
+                self.consecutive = 0
+        if first is None:
             return False
-        name = self._names[first_param] if 0 <= first_param < len(self._names) else "?"
-        where = f"non-finite gradient at step {first_step} (first in parameter '{name}')"
+        self._act_on(trainer, *first)
+        return bool(any(flags[-1]))
+
+    def _act_on(self, trainer: L.Trainer, step: int, param: int) -> None:
+        name = self._names[param] if param < len(self._names) else "?"
+        where = f"non-finite gradient at step {step} (first in parameter '{name}')"
         if self.action == "raise":
             raise NonFiniteGradientError(
                 f"{where}; lower the lr, clip gradients (trainer.gradient_clip_val=1.0) or use "
                 "callbacks.nonfinite.action=skip"
             )
-        self.skipped, self.consecutive = self._base + skipped, in_a_row
-        if in_a_row >= self.max_consecutive_skips:
+        if self.consecutive >= self.max_consecutive_skips:
             raise NonFiniteGradientError(
-                f"{where}: {in_a_row} optimizer steps in a row skipped "
+                f"{where}: {self.consecutive} optimizer steps in a row skipped "
                 f"(callbacks.nonfinite.max_consecutive_skips={self.max_consecutive_skips}), the "
                 "model no longer learns; lower the lr, clip gradients, or use "
                 "trainer.precision=16-mixed/bf16-mixed instead of 16-true"
             )
-        if self.skipped > self._reported:
-            new, self._reported = self.skipped - self._reported, self.skipped
-            what = "optimizer step skipped" if new == 1 else f"{new} optimizer steps skipped"
-            rank_zero_warn(f"{where}: {what} ({self.skipped} so far)")
-            for logger in trainer.loggers:
-                logger.log_metrics({"nonfinite/skipped": float(self.skipped)}, trainer.global_step)
-        return in_a_row > 0
+        new, self._reported = self.skipped - self._reported, self.skipped
+        what = "optimizer step skipped" if new == 1 else f"{new} optimizer steps skipped"
+        rank_zero_warn(f"{where}: {what} ({self.skipped} so far)")
+        for logger in trainer.loggers:
+            logger.log_metrics({"nonfinite/skipped": float(self.skipped)}, trainer.global_step)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
@@ -190,7 +187,7 @@ class NonFiniteGuard(L.Callback):
         return {"skipped": self.skipped}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.skipped = self._base = self._reported = state_dict.get("skipped", 0)
+        self.skipped = state_dict.get("skipped", 0)
 
 
 def _inner(optimizer: Any) -> Any:

@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from conftest import CONF
+from fake_data import write_for
 from fasttrain.assemble import build, build_all
 from fasttrain.config.errors import UserError
 from fasttrain.config.schema import validate
@@ -26,6 +27,8 @@ NEEDS_CKPT = {"eval.yaml", "export.yaml", "predict.yaml"}
 NEEDS_PLUGIN = {
     "hparams_search/optuna.yaml": "hydra_plugins.hydra_optuna_sweeper",
     "hydra/launcher/slurm.yaml": "hydra_plugins.hydra_submitit_launcher",
+    "data/image_folder.yaml": "PIL",  # the [data] extra
+    "data/shards.yaml": "webdataset",
 }
 # Every selectable file; `_shared/` holds pieces other configs merge in, not options of a group.
 CONFIG_FILES = sorted(
@@ -66,6 +69,7 @@ def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
     overrides += [f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run", *extra]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(primary, overrides=overrides, return_hydra_config=parts[0] == "hydra")
+        write_for(cfg)  # image data sets read files: small fakes where data.path points
         if group == "data" and "model" in cfg and not image_shaped(cfg.data.input_shape):
             # A data set declares the input it gives (input_shape); the default net is a CNN on
             # images [C, H, W], so anything else runs with the MLP, which takes any shape.

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from fake_data import write_image_folder
 from fasttrain.checkpoints.load import load_classifier
 from fasttrain.models import Classifier
 from fasttrain.models.nets import SmallCNN
@@ -39,3 +41,230 @@ def test_classifier_without_preprocessing_feeds_the_batch_unchanged() -> None:
     with torch.no_grad():
         assert torch.equal(model(x), net(x))
     assert model.input_mean is None and "input_mean" not in model.state_dict()
+
+
+def folder_module(root: Path, **kwargs):
+    from fasttrain.data.image_folder import ImageFolderDataModule
+
+    args = {"num_classes": 3, "input_shape": [3, 16, 16], "image_size": [16, 16],
+            "num_workers": 0, "batch_size": 8, **kwargs}  # fmt: skip
+    return ImageFolderDataModule(str(root), **args)
+
+
+def test_flat_folder_splits_stratified_disjoint_and_fixed_by_seed(tmp_path: Path) -> None:
+    root = write_image_folder(tmp_path / "imgs", per_class=10)
+    dm = folder_module(root, val_fraction=0.2, test_fraction=0.2)
+    assert dm.class_names == ["cat", "dog", "fish"]  # sorted subfolder names; notes.txt ignored
+    files = {s: [f for f, _ in dm.parts[s]] for s in ("train", "val", "test")}
+    assert [len(files[s]) for s in ("train", "val", "test")] == [18, 6, 6]
+    every = [f for s in files.values() for f in s]
+    assert len(set(every)) == len(every) == 30
+    for split, parts in dm.parts.items():  # each class in proportion, label = its folder
+        assert all(dm.class_names[y] == f.parent.name for f, y in parts)
+        assert sorted({y for _, y in parts}) == [0, 1, 2], split
+    assert folder_module(root, val_fraction=0.2, test_fraction=0.2).parts == dm.parts
+    assert folder_module(root, val_fraction=0.2, test_fraction=0.2, seed=1).parts != dm.parts
+
+
+def test_split_folders_are_used_and_test_is_carved_from_train(tmp_path: Path) -> None:
+    root = write_image_folder(tmp_path / "imgs", per_class=10, splits=("train", "val"))
+    dm = folder_module(root, test_fraction=0.2)
+    val = {f for f, _ in dm.parts["val"]}
+    assert val == {f for f in (root / "val").rglob("*") if f.suffix != ".txt" and f.is_file()}
+    # no test/ folder: the test split comes out of train/, never out of val/
+    test = {f for f, _ in dm.parts["test"]}
+    assert len(test) == 6 and all(f.is_relative_to(root / "train") for f in test)
+    assert not test & {f for f, _ in dm.parts["train"]}
+
+
+def test_batches_are_uint8_of_the_input_shape_from_mixed_files(tmp_path: Path) -> None:
+    root = write_image_folder(tmp_path / "imgs", per_class=5)  # RGB, L, RGBA, P; jpg/png/gif
+    for channels in (3, 1):
+        dm = folder_module(root, channels=channels, input_shape=[channels, 16, 16], batch_size=32)
+        dm.setup()
+        x, y = next(iter(dm.val_dataloader()))
+        assert x.dtype == torch.uint8 and x.shape[1:] == (channels, 16, 16)
+        assert y.dtype == torch.int64
+
+
+def test_augmentation_only_in_training(tmp_path: Path) -> None:
+    from PIL import Image
+
+    root = write_image_folder(tmp_path / "imgs", per_class=4)
+    dm = folder_module(root, crop="resized", flip=True)
+    dm.setup()
+    file = dm.parts["train"][0][0]
+    train, val = dm.transform(train=True), dm.transform(train=False)
+    draws = {tuple(train(Image.open(file)).flatten().tolist()) for _ in range(6)}
+    assert len(draws) > 1  # random crops and flips
+    again = [val(Image.open(file)) for _ in range(3)]
+    assert all(torch.equal(again[0], v) for v in again)
+    # val/test: the centred crop of the output's aspect, resized (here the whole square image)
+    square = Image.new("RGB", (20, 20), (10, 200, 30))
+    assert val(square)[:, 0, 0].tolist() == [10, 200, 30]
+    assert (
+        dm.splits["val"].transform.crop == "none" and dm.splits["train"].transform.crop == "resized"
+    )
+
+
+def test_pad_crop_shifts_and_pads_with_zeros() -> None:
+    from fasttrain.data.images import ImageTransform
+
+    t = ImageTransform([8, 8], 3, train=True, crop="pad", padding=2, flip=False)
+    pixels = np.full((8, 8, 3), 255, np.uint8)
+    outs = [t(pixels) for _ in range(50)]
+    assert all(o.shape == (3, 8, 8) for o in outs)
+    assert all(bool((o[:, 2:6, 2:6] == 255).all()) for o in outs)  # shifted by 2 at most
+    assert len({int((o == 0).sum()) for o in outs}) > 3  # zero borders of varying width
+
+
+def compose_task(name: str, tmp_path: Path, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        paths = [f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/{name}"]
+        return compose(name, overrides=[*paths, *overrides])
+
+
+IMAGE_RUN = ["data=image_folder", "data.num_classes=3", "data.image_size=[16,16]",
+             "data.num_workers=0", "data.batch_size=8", "model.net.channels=[8]",
+             "trainer.max_epochs=2", "logger=none", "callbacks=none",
+             "++trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(data folder, last.ckpt) of a short run on a 3-class image folder."""
+    from fasttrain.tasks import train
+
+    tmp = tmp_path_factory.mktemp("image_run")
+    root = write_image_folder(tmp / "imgs", per_class=10)
+    cfg = compose_task("train", tmp, f"data.path={root}", *IMAGE_RUN)
+    train(cfg)
+    (ckpt,) = (tmp / "train").rglob("*.ckpt")
+    return root, ckpt
+
+
+def test_checkpoint_stores_classes_and_the_device_normalisation(image_run) -> None:
+    _, ckpt = image_run
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert saved["datamodule_hyper_parameters"]["classes"] == ["cat", "dog", "fish"]
+    assert saved["hyper_parameters"]["input_mean"] == 127.5
+    model, _ = load_classifier(ckpt)
+    assert float(model.input_std) == 127.5
+
+
+def test_predict_names_classes_and_matches_the_host_reference(image_run, tmp_path: Path) -> None:
+    import csv
+
+    from fasttrain.assemble import restore
+    from fasttrain.tasks import predict
+
+    _, ckpt = image_run
+    cfg = compose_task(
+        "predict", tmp_path, f"ckpt_path='{ckpt}'", "data=image_folder", "device=cpu"
+    )
+    out = predict(cfg)
+    rows = list(csv.DictReader(out.open()))
+    model, dm = restore(
+        compose_task("predict", tmp_path, f"ckpt_path='{ckpt}'", "data=image_folder")
+    )
+    x, _ = next(iter(dm.test_dataloader()))
+    host = (x.float() - 127.5) / 127.5  # what the net must see: normalised on the host
+    with torch.no_grad():
+        expected = model.net(host).argmax(1).tolist()
+    assert [int(r["pred"]) for r in rows[: len(x)]] == expected
+    assert [r["class"] for r in rows[: len(x)]] == [dm.class_names[i] for i in expected]
+    assert {"prob_cat", "prob_dog", "prob_fish"} <= set(rows[0])
+
+
+def test_export_takes_raw_pixels(image_run, tmp_path: Path) -> None:
+    from fasttrain.tasks import evaluate, export
+
+    _, ckpt = image_run
+    args = [f"ckpt_path='{ckpt}'", "data=image_folder", "data.num_workers=0"]
+    metrics = evaluate(compose_task("eval", tmp_path, *args))
+    assert 0.0 <= metrics["test/acc"] <= 1.0
+    report = export(compose_task("export", tmp_path, *args,
+                                 "format=torchscript", f"output_dir={tmp_path}/out",
+                                 "device=cpu"))  # fmt: skip
+    assert report["formats"]["torchscript"]["passed"]
+    assert report["formats"]["eager"]["accuracy"] == pytest.approx(metrics["test/acc"])
+    scripted = torch.jit.load(str(tmp_path / "out" / "model.ts"))
+    model, _ = load_classifier(ckpt)
+    pixels = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    with torch.no_grad():
+        assert torch.allclose(scripted(pixels.float()), model(pixels), atol=1e-4)
+
+
+def broken(tmp_path: Path, case: str) -> Path:
+    root = tmp_path / "imgs"
+    if case == "missing":
+        return root
+    write_image_folder(root, per_class=3)
+    if case == "empty class":
+        (root / "emu").mkdir()
+    elif case == "one class":
+        for name in ("dog", "fish"):
+            for f in (root / name).iterdir():
+                f.unlink()
+            (root / name).rmdir()
+    elif case == "corrupt":
+        (root / "dog" / "dog_001.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    elif case == "unsupported only":
+        for f in (root / "fish").iterdir():
+            f.rename(f.with_suffix(".txt"))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("missing", r"data\.path='.*imgs': no such folder"),
+        ("empty class", r"data\.path=.*class folder .*emu holds no images \(looked for \.jpg"),
+        ("one class", r"data\.path=.*1 class folder \(cat\); expected one subfolder per class"),
+        ("corrupt", r"data\.path: .*dog_001\.png is not a readable image"),
+        ("unsupported only", r"class folder .*fish holds no images"),
+        (
+            "wrong count",
+            r"data\.num_classes=4: .* has 3 class folders \(cat, dog, fish\); set data",
+        ),
+    ],
+)
+def test_bad_folders_are_one_line_before_anything_runs(tmp_path: Path, case: str, says: str):
+    from fasttrain.assemble import build
+    from fasttrain.config.errors import UserError
+
+    root = broken(tmp_path, case)
+    count = 4 if case == "wrong count" else 3
+    cfg = compose_task("train", tmp_path, "data=image_folder", f"data.path={root}",
+                       f"data.num_classes={count}")  # fmt: skip
+    with pytest.raises(UserError, match=says) as err:
+        build(cfg.data, "data")
+    assert "\n" not in str(err.value)
+
+
+def test_a_truncated_image_is_named_when_it_is_decoded(tmp_path: Path) -> None:
+    from fasttrain.config.errors import UserError
+
+    root = write_image_folder(tmp_path / "imgs", per_class=3)
+    file = root / "cat" / "cat_001.png"
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) * 2 // 3])  # header intact, pixels cut off
+    dm = folder_module(root, val_fraction=0.3, test_fraction=0.3)
+    dm.setup()
+    with pytest.raises(UserError, match=r"cat_001\.png is not a readable image"):
+        for split in ("train", "val", "test"):
+            list(dm.splits[split])
+
+
+def test_cli_refuses_a_bad_folder_with_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    root = broken(tmp_path, "one class")
+    proc = run_cli(["train.py", "data=image_folder", f"data.path={root}"], tmp_path / "logs")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and "1 class folder (cat)" in proc.stderr
+    assert not (tmp_path / "logs").exists()

@@ -1,0 +1,175 @@
+"""Images on disk, one subfolder per class: `data=image_folder data.path=DIR`.
+
+    DIR/<class>/*.jpg|png|...              split by val_fraction/test_fraction (stratified, seed)
+    DIR/train/<class>/...  [DIR/val/...]  [DIR/test/...]   the splits that are there are used
+
+With train/ but no val/ (or no test/), that split is carved from train/ by its fraction: the
+test split is never the one that picks the best checkpoint. Classes are the subfolder names,
+sorted (or `classes`, in that order), scanned when the module is built: before a run writes
+anything, every class folder must hold images and every image's header must read. The list is
+saved with the checkpoint's data settings, so evaluate and predict map indices to the same
+names. Files of other types are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.data.images import (
+    IMAGE_SUFFIXES,
+    ImageDataModule,
+    Images,
+    open_image,
+    pillow,
+    stratified_split,
+)
+
+SPLITS = ("train", "val", "test")
+Files = list[tuple[Path, int]]  # (image file, class index)
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Class-per-subfolder images (see module doc).
+
+    Args:
+        path: the folder.
+        num_classes: the number of class folders (checked; the model interpolates it).
+        input_shape: [channels, *image_size] (conf/data/image_folder.yaml derives it).
+        classes: class folder names in label order; None: every subfolder, sorted. Folders not
+            named are ignored.
+        val_fraction, test_fraction: shares of each class held out where the folder has no
+            val/ or test/ split of its own.
+        **images: channels, image_size, mean, std, augmentation and loader knobs
+            (fasttrain.data.images.ImageDataModule).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        num_classes: int,
+        input_shape: Sequence[int],
+        classes: Sequence[str] | None = None,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        **images: Any,
+    ) -> None:
+        super().__init__(num_classes, input_shape, **images)
+        for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not 0.0 < frac < 1.0:
+                raise ConfigError(name, frac, "expected a fraction strictly between 0 and 1")
+        if val_fraction + test_fraction >= 1.0:
+            raise ConfigError(
+                "val_fraction", val_fraction, "val_fraction + test_fraction must be < 1"
+            )
+        self.path = Path(path)
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.class_names, self.files = scan(self.path, classes)
+        if len(self.class_names) != num_classes:
+            shown = ", ".join(self.class_names[:8]) + (", ..." if len(self.class_names) > 8 else "")
+            raise ConfigError(
+                "num_classes", num_classes,
+                f"{path} has {len(self.class_names)} class folders ({shown}); set "
+                f"data.num_classes={len(self.class_names)}",
+            )  # fmt: skip
+        self.parts = self._split()
+        self.save_hyperparameters()
+        # The scanned list, not the null asked for: a checkpoint restores exactly these classes.
+        self.hparams["classes"] = list(self.class_names)
+
+    def _split(self) -> dict[str, Files]:
+        """{"train", "val", "test"} -> (file, label): split folders first, then fractions."""
+        given = {s: self.files[s] for s in SPLITS if s in self.files}
+        source = given.get("train", self.files.get("all", []))
+        carve = [s for s in ("val", "test") if s not in given]
+        fractions = [self.val_fraction if s == "val" else self.test_fraction for s in carve]
+        parts = stratified_split([label for _, label in source], fractions, self.seed)
+        parts_of = dict(zip(["train", *carve], parts, strict=True))
+        split = {**given, **{s: [source[i] for i in parts_of[s]] for s in ["train", *carve]}}
+        for s in SPLITS:
+            if not split[s]:
+                frac = "val_fraction" if s == "val" else "test_fraction"
+                raise ConfigError(
+                    frac, getattr(self, frac),
+                    f"leaves the {s} split empty ({len(source)} images in {self.path}); raise it, "
+                    f"or add a {s}/ folder",
+                )  # fmt: skip
+        return split
+
+    def make_splits(self) -> dict[str, Any]:
+        return {
+            s: Images(
+                [f for f, _ in files],
+                [y for _, y in files],
+                open_image,
+                self.transform(s == "train"),
+            )
+            for s, files in self.parts.items()
+        }
+
+    def encoded(self, split: str) -> Iterator[tuple[str, bytes, int]]:
+        """(format, file bytes, label) of each image of `split`, as stored (for shards)."""
+        for file, label in self.parts[split]:
+            yield file.suffix.lower().lstrip("."), file.read_bytes(), label
+
+
+def scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], dict[str, Files]]:
+    """(class names, {"train"/"val"/"test" or "all": (file, label) lists}), every error one line."""
+    if not root.is_dir():
+        raise ConfigError("path", str(root), "no such folder")
+    split_layout = (root / "train").is_dir() and any(p.is_dir() for p in (root / "train").iterdir())
+    top = root / "train" if split_layout else root
+    found = sorted(p.name for p in top.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = list(classes) if classes is not None else found
+    missing = [c for c in names if c not in found]
+    if missing:
+        raise ConfigError("classes", list(names), f"no class folder {missing[0]}/ in {top}")
+    if len(names) < 2:
+        what = f"1 class folder ({names[0]})" if names else "no class folders"
+        raise ConfigError(
+            "path", str(root),
+            f"{what}; expected one subfolder per class (2 or more): <path>/<class>/*.jpg or "
+            "<path>/train/<class>/*.jpg",
+        )  # fmt: skip
+    if not split_layout:
+        return names, {"all": _files(root, names, require=True)}
+    files = {"train": _files(root / "train", names, require=True)}
+    for split in ("val", "test"):
+        if (root / split).is_dir():
+            strange = sorted({p.name for p in (root / split).iterdir() if p.is_dir()} - set(found))
+            if strange:
+                raise ConfigError(
+                    "path",
+                    str(root),
+                    f"{split}/{strange[0]}/ is not a class of train/ ({', '.join(names)})",
+                )
+            files[split] = _files(root / split, names, require=False)
+    return names, files
+
+
+def _files(top: Path, names: list[str], require: bool) -> Files:
+    """Image files under top/<class>/ (nested folders too), each header checked."""
+    Image = pillow()
+    out: Files = []
+    for label, name in enumerate(names):
+        folder = top / name
+        images = (
+            sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            if folder.is_dir()
+            else []
+        )
+        if require and not images:
+            raise ConfigError(
+                "path", str(top.parent if top.name in SPLITS else top),
+                f"class folder {folder} holds no images (looked for {', '.join(IMAGE_SUFFIXES)})",
+            )  # fmt: skip
+        for file in images:
+            try:  # the header only (Pillow reads lazily): cheap, and catches most broken files
+                with Image.open(file):
+                    pass
+            except (OSError, SyntaxError, ValueError) as err:
+                raise UserError(f"data.path: {file} is not a readable image ({err})") from None
+            out.append((file, label))
+    return out

@@ -99,14 +99,17 @@ class NonFiniteGuard(L.Callback):
         self._names: list[str] = []
         # Since the last check: (optimizer step, non-finite flag per parameter [P] on the device).
         self._window: list[tuple[int, torch.Tensor]] = []
+        self._params: list[tuple[str, torch.nn.Parameter]] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._window, self._reported = [], self.skipped
+        # Walked once, not every step (named_parameters visits every submodule each call).
+        self._params = list(pl_module.named_parameters())
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
     ) -> None:
-        named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
+        named = [(n, p.grad) for n, p in self._params if p.grad is not None]
         if not named:
             return
         self._names = [n for n, _ in named]

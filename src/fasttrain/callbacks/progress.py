@@ -16,7 +16,17 @@ from lightning.pytorch.callbacks import RichProgressBar
 
 
 class ProgressBar(RichProgressBar):
-    """RichProgressBar that also shows `pl_module.progress` (a dict of floats), if it has one."""
+    """RichProgressBar that also shows `pl_module.progress` (a dict of floats), if it has one.
+
+    Args:
+        refresh_rate: redraws per second. Rich redraws in a thread of the training process,
+            which takes the GIL from the training loop each time: Lightning's 100 per second is
+            more than an eye reads; 10 by default here.
+        **kwargs: as RichProgressBar (leave, theme, console_kwargs).
+    """
+
+    def __init__(self, refresh_rate: int = 10, **kwargs: Any) -> None:
+        super().__init__(refresh_rate=refresh_rate, **kwargs)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         shown = getattr(pl_module, "progress", None)

@@ -150,6 +150,12 @@ class Classifier(L.LightningModule):
     def on_train_start(self) -> None:
         # The sanity-check validation ran on an untrained net; its accuracy is not a "best".
         self.val_acc_best.reset()
+        # Set on the trainer at run time by Lightning's logger connector, hence unknown to mypy.
+        self._log_every = max(1, self.trainer.log_every_n_steps)  # type: ignore[attr-defined]
+        self._last_logged = -1
+        # Lightning skips on_train_epoch_start when it resumes mid-epoch: the sums start here
+        # too (that epoch's means then cover its resumed part).
+        self._reset_train_sums()
         self._replan_schedule()
         if self.effective_batch_size is not None:
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
@@ -182,11 +188,11 @@ class Classifier(L.LightningModule):
         self.progress["train/loss"] = value  # shown by fasttrain.callbacks.progress.ProgressBar
 
     def on_train_epoch_start(self) -> None:
+        self._reset_train_sums()
+
+    def _reset_train_sums(self) -> None:
         self._train_sums = torch.zeros(2, dtype=torch.float32, device=self.device)
         self._train_samples = 0
-        # Set on the trainer at run time by Lightning's logger connector, hence unknown to mypy.
-        self._log_every = max(1, self.trainer.log_every_n_steps)  # type: ignore[attr-defined]
-        self._last_logged = -1
 
     def on_train_epoch_end(self) -> None:
         # One sync per epoch: the sums of every rank, then the epoch's means.

@@ -18,6 +18,9 @@ In one process, single-threaded (torch.set_num_threads(1)), same net, data, seed
 interleaved A B C D L A B C D L ... so drift on the machine hits all alike. Per-step time is
 taken inside each run over the same window of steps (after warm-up), data loading included.
 
+Optimizer, the same for every variant: AdamW(lr=1e-3, weight_decay=0.01, fused=True), the
+default's kind (conf/model/optimizer/adamw.yaml).
+
 Data path, the same for every variant: the batches come from tensors in memory through a
 DataLoader over fasttrain's `Batched` dataset (one gather per batch, no per-sample __getitem__
 or collate: fasttrain.data.batches), in order, in the training process. What the sample-wise
@@ -49,6 +52,21 @@ CASES = {
     "mlp_5ms": {"input_shape": [1, 28, 28], "hidden": [256, 256], "batch_size": 128},
 }
 VARIANTS = ("A", "B", "C", "D", "L")
+# "cpu" (make bench) or "cuda" (bench/gpu_check.sh: --device cuda, where hidden host work shows
+# least and a sync per step shows most).
+DEVICE = "cpu"
+
+
+def accelerator() -> str:
+    return "gpu" if DEVICE == "cuda" else "cpu"
+
+
+def sync() -> None:
+    """Wait for the device at the window's ends only: its time then covers the queued work."""
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def make_net(case: dict):
@@ -66,10 +84,12 @@ class StepTimer:
 
     def at_step_start(self, step: int) -> None:
         if step == self.warmup:
+            sync()
             self.start = time.perf_counter()
 
     def at_step_end(self, step: int) -> None:
         if step == self.warmup + self.measured - 1:
+            sync()
             self.end = time.perf_counter()
 
     @property
@@ -99,18 +119,20 @@ def final_loss(net, case: dict) -> float:
     x = torch.randn(256, *case["input_shape"], generator=gen)
     y = torch.randint(0, 10, (256,), generator=gen)
     net.eval()
+    device = next(net.parameters()).device
     with torch.no_grad():
-        return F.cross_entropy(net(x), y).item()
+        return F.cross_entropy(net(x.to(device)), y.to(device)).item()
 
 
 def run_a(case: dict, net0, steps: int, timer: StepTimer) -> float:
     import torch
     import torch.nn.functional as F
 
-    net = copy.deepcopy(net0).train()
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    net = copy.deepcopy(net0).to(DEVICE).train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
     for step, (x, y) in enumerate(loader(case, steps, seed=0)):
         timer.at_step_start(step)
+        x, y = x.to(DEVICE), y.to(DEVICE)  # as Lightning moves each batch
         opt.zero_grad()
         loss = F.cross_entropy(net(x), y)
         loss.backward()
@@ -140,10 +162,12 @@ def run_b(case: dict, net0, steps: int, timer: StepTimer) -> float:
 
     from fasttrain.models import Classifier
 
-    model = Classifier(copy.deepcopy(net0), functools.partial(torch.optim.AdamW, lr=1e-3), 10)
+    optimizer = functools.partial(torch.optim.AdamW, lr=1e-3, fused=True)
+    model = Classifier(copy.deepcopy(net0), optimizer, 10)
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer_callback(timer)],
+        accelerator=accelerator(), devices=1, max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[timer_callback(timer)],
     )  # fmt: skip
     trainer.fit(model, train_dataloaders=loader(case, steps, seed=0))
     return final_loss(model.net, case)
@@ -155,10 +179,10 @@ def compose_default(case: dict, steps: int, out: Path, with_perf: bool):
     from fasttrain import CONFIG_DIR
 
     overrides = [
-        f"paths.root_dir={out}", f"paths.output_dir={out}", "trainer.accelerator=cpu",
+        f"paths.root_dir={out}", f"paths.output_dir={out}", f"trainer.accelerator={accelerator()}",
         "trainer.max_epochs=1", f"++trainer.limit_train_batches={steps}", "model.scheduler=null",
         "model.optimizer._target_=torch.optim.AdamW", "model.optimizer.lr=0.001",
-        "model.optimizer.weight_decay=0.01",
+        "model.optimizer.weight_decay=0.01", "model.optimizer.fused=true",
     ]  # fmt: skip
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("train", overrides=overrides)
@@ -213,7 +237,7 @@ def template_module(net, lr: float = 1e-3):
             self.log("val/acc", self.val_acc, prog_bar=True)
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.01)
+            return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.01, fused=True)
 
     return TemplateModule()
 
@@ -237,7 +261,7 @@ def run_l(case: dict, net0, steps: int, timer: StepTimer, out: Path) -> float:
         timer_callback(timer),
     ]
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, callbacks=callbacks,
+        accelerator=accelerator(), devices=1, max_epochs=1, callbacks=callbacks,
         logger=TensorBoardLogger(out, name="tb"), default_root_dir=out, log_every_n_steps=10,
     )  # fmt: skip
     trainer.fit(model, train_dataloaders=loader(case, steps, 0), val_dataloaders=loader(case, 2, 1))
@@ -279,6 +303,9 @@ def bench_steps(reps: int, warmup: int, measured: int, out: Path) -> dict[str, A
                 losses[variant] = run_variant(variant, case, net0, steps, timer, run_dir)
                 times[variant].append(timer.us_per_step)
         results[name] = summarize(times, losses)
+        results[name]["samples_per_sec"] = {
+            k: case["batch_size"] * 1e6 / statistics.median(v) for k, v in times.items() if v
+        }
     return results
 
 
@@ -352,6 +379,7 @@ def machine() -> dict[str, Any]:
         "cpu": cpu, "logical_cpus": len(os.sched_getaffinity(0)),
         "python": platform.python_version(), "torch": torch.__version__,
         "lightning": lightning.__version__, "threads": 1,
+        "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
     }  # fmt: skip
 
 
@@ -442,9 +470,17 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="a few steps, no results written")
     parser.add_argument("--profile", action="store_true", help="cProfile by owner, tiny case")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--json", type=Path, default=None, help="results file (default: cpu.json)")
     parser.add_argument("--out", type=Path, default=None, help="scratch dir for the runs")
     args = parser.parse_args()
     import tempfile
+
+    global DEVICE
+    DEVICE = args.device
+    for name in [c for c in CASES if c not in args.cases]:
+        del CASES[name]
 
     reps, warmup, measured = (1, 2, 3) if args.smoke else (args.reps, 10, 60)
     with tempfile.TemporaryDirectory() as scratch:
@@ -458,14 +494,17 @@ def main() -> None:
         results = {
             "machine": machine(),
             "settings": {"reps": reps, "warmup_steps": warmup, "measured_steps": measured},
+            "device": DEVICE,
             "steps": bench_steps(reps, warmup, measured, out),
-            "process": process_times(1 if args.smoke else reps, out),
         }
+        if DEVICE == "cpu":
+            results["process"] = process_times(1 if args.smoke else reps, out)
     print(json.dumps(results, indent=2) if args.smoke else table(results))
     if not args.smoke:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "cpu.json").write_text(json.dumps(results, indent=2) + "\n")
-        print(f"\nwrote {RESULTS / 'cpu.json'}")
+        target = args.json or RESULTS / "cpu.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwrote {target}")
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ class DropStep(L.Callback):
 def test_nonfinite_skip_equals_a_run_without_that_step(fused: bool, tmp_path: Path) -> None:
     # AdamW with weight decay: a skipped step must move neither the weights (decay included)
     # nor the moments or the step counts.
-    opt = ["model.optimizer.weight_decay=0.1", f"+model.optimizer.fused={str(fused).lower()}",
+    opt = ["model.optimizer.weight_decay=0.1", f"model.optimizer.fused={str(fused).lower()}",
            "trainer.limit_train_batches=6"]  # fmt: skip
     trainer, model, datamodule = nan_run(tmp_path / "skip", "skip", *opt)
     with pytest.warns(UserWarning, match="step 2"):

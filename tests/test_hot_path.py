@@ -155,3 +155,39 @@ def test_logged_training_values_match_lightnings_own_reductions(tmp_path: Path) 
     assert len(series["train/loss_epoch"]) == 2
     for ours, ref in zip(series["train/loss_epoch"], series["ref/loss_epoch"], strict=True):
         assert abs(ours - ref) < 1e-6 * max(1.0, abs(ref))
+
+
+class SyncDebugOnQuietSteps(L.Callback):
+    """torch.cuda.set_sync_debug_mode("error") from the start of each non-logging steady-state
+    step to the start of the next: any device sync there raises."""
+
+    def __init__(self, first: int) -> None:
+        self.first, self.quiet_steps = first, 0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
+        logging = trainer.global_step % trainer.log_every_n_steps == 0
+        last = i == trainer.num_training_batches - 1
+        quiet = trainer.current_epoch == 0 and i >= self.first and not logging and not last
+        torch.cuda.set_sync_debug_mode("error" if quiet else "default")
+        self.quiet_steps += quiet
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("on_device", [False, True], ids=["host_data", "data_on_device"])
+def test_no_sync_on_cuda_steps_that_do_not_log(on_device: bool, tmp_path: Path) -> None:
+    cfg = compose_train(
+        tmp_path, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.max_epochs=1",
+        "data.batch_size=16", "test=false", f"data.on_device={str(on_device).lower()}",
+        quick=False,
+    )  # fmt: skip
+    watch = SyncDebugOnQuietSteps(first=3)
+    trainer, model, datamodule = build_run(cfg, callbacks=[watch])
+    try:
+        trainer.fit(model, datamodule=datamodule)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert watch.quiet_steps >= 50

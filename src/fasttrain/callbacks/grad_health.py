@@ -69,12 +69,12 @@ class NonFiniteGuard(L.Callback):
       bad step and parameter, and no checkpoint with weights from that step on is ever written
       (the check runs before every save): `last.ckpt` holds the last finite weights.
     - `skip` never applies a bad step (no moment, weight-decay or step-count update). With a
-      fused optimizer (`+model.optimizer.fused=true`: Adam, AdamW, SGD) the optimizer reads the
-      verdict on the device (`found_inf`, as GradScaler passes it) and nothing syncs; with any
-      other optimizer the guard reads the verdict every step (one sync) and drops the bad step's
-      gradients (`None` gradients are skipped by torch optimizers). Skipped steps are counted in
-      `nonfinite/skipped`. Under DDP the gradients are already all-reduced, so every rank takes
-      the same decision.
+      fused optimizer (Adam, AdamW, SGD with `model.optimizer.fused=true`, the shipped default)
+      the optimizer reads the verdict on the device (`found_inf`, as GradScaler passes it) and
+      nothing syncs; with any other the guard reads the verdict every step (one sync) and drops
+      the bad step's gradients (`None` gradients are skipped by torch optimizers). Skipped steps
+      are counted in `nonfinite/skipped`. Under DDP the gradients are already all-reduced, so
+      every rank takes the same decision.
 
     Args:
         action: "raise" or "skip" (see above).

@@ -59,6 +59,10 @@ tests_rc=${PIPESTATUS[0]}
 echo "== benchmarks =="
 $PY bench/gpu_bench.py --out "$OUT"
 bench_rc=$?
+# The hot path on the GPU: samples/s of the default configuration (C) against a hand-written
+# loop (A), lean Lightning (B) and a typical template (L), tiny MLP, where host work shows most.
+$PY bench/overhead.py --device cuda --cases tiny_mlp --reps 3 --json "$OUT/overhead_gpu.json" \
+  | tee "$OUT/overhead_gpu.md" || bench_rc=1
 
 echo
 cat "$OUT/gpu_results.md"

@@ -80,21 +80,27 @@ class StepTimer:
 
     def __init__(self, warmup: int, measured: int) -> None:
         self.warmup, self.measured = warmup, measured
-        self.start = self.end = 0.0
+        self.start = self.end = self.cpu_start = self.cpu_end = 0.0
 
     def at_step_start(self, step: int) -> None:
         if step == self.warmup:
             sync()
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.thread_time()
 
     def at_step_end(self, step: int) -> None:
         if step == self.warmup + self.measured - 1:
             sync()
-            self.end = time.perf_counter()
+            self.end, self.cpu_end = time.perf_counter(), time.thread_time()
 
     @property
     def us_per_step(self) -> float:
         return (self.end - self.start) / self.measured * 1e6
+
+    @property
+    def cpu_us_per_step(self) -> float:
+        """CPU time of the training thread alone: less sensitive to other load on the machine,
+        blind to work in other threads (TensorBoard's writer, the bar's redraws)."""
+        return (self.cpu_end - self.cpu_start) / self.measured * 1e6
 
 
 def loader(case: dict, steps: int, seed: int):
@@ -295,6 +301,7 @@ def bench_steps(reps: int, warmup: int, measured: int, out: Path) -> dict[str, A
         net0 = make_net(case)
         steps = warmup + measured
         times: dict[str, list[float]] = {k: [] for k in variants}
+        cpu_times: dict[str, list[float]] = {k: [] for k in variants}
         losses: dict[str, float] = {}
         for rep in range(reps):
             for variant in variants:
@@ -302,7 +309,9 @@ def bench_steps(reps: int, warmup: int, measured: int, out: Path) -> dict[str, A
                 run_dir = out / f"{name}_{variant}_{rep}"
                 losses[variant] = run_variant(variant, case, net0, steps, timer, run_dir)
                 times[variant].append(timer.us_per_step)
+                cpu_times[variant].append(timer.cpu_us_per_step)
         results[name] = summarize(times, losses)
+        results[name]["thread_cpu"] = summarize(cpu_times, losses)
         results[name]["samples_per_sec"] = {
             k: case["batch_size"] * 1e6 / statistics.median(v) for k, v in times.items() if v
         }

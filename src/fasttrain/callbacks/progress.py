@@ -9,6 +9,7 @@ them beside Lightning's own (epoch-level validation values, the version).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning as L
@@ -27,6 +28,18 @@ class ProgressBar(RichProgressBar):
 
     def __init__(self, refresh_rate: int = 10, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
+        self._next_update = 0.0  # monotonic time of the next bar update
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        # Lightning updates the bar's count and values after every batch, though it is drawn
+        # only refresh_rate times a second: update as often as it is drawn, and at the last batch.
+        now = time.monotonic()
+        if now < self._next_update and i + 1 < self.total_train_batches:
+            return
+        self._next_update = now + 1.0 / max(1, self.refresh_rate)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, i)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         shown = getattr(pl_module, "progress", None)

@@ -13,8 +13,8 @@ In one process, single-threaded (torch.set_num_threads(1)), same net, data, seed
   D  C without the PerfMonitor callback (its overhead is C/D), when the default has one
   L  a typical Lightning template's defaults, written here: self.log of loss and accuracy
      (torchmetrics) on every step with on_epoch=True and prog_bar=True, a rich progress bar
-     refreshed every step, a ModelCheckpoint monitoring val/acc (+ last), EarlyStopping, a model
-     summary and a TensorBoard logger
+     updated every step (its defaults), a ModelCheckpoint monitoring val/acc (+ last),
+     EarlyStopping, a model summary and a TensorBoard logger
 interleaved A B C D L A B C D L ... so drift on the machine hits all alike. Per-step time is
 taken inside each run over the same window of steps (after warm-up), data loading included.
 
@@ -263,7 +263,7 @@ def run_l(case: dict, net0, steps: int, timer: StepTimer, out: Path) -> float:
         ModelCheckpoint(dirpath=out / "checkpoints", monitor="val/acc", mode="max", save_last=True),
         EarlyStopping(monitor="val/acc", mode="max", patience=100),
         RichModelSummary(),
-        RichProgressBar(refresh_rate=1),
+        RichProgressBar(),  # its defaults: updated after every batch, drawn 100 times a second
         timer_callback(timer),
     ]
     trainer = L.Trainer(

@@ -4,6 +4,7 @@
     python bench/overhead.py --smoke    # a few steps: proves the script still works (tested)
 
     python bench/overhead.py --profile  # cProfile of C and L on the tiny case, by owner
+    python bench/overhead.py --callbacks  # each default callback's cost per step (tiny case)
 
 In one process, single-threaded (torch.set_num_threads(1)), same net, data, seed and batches:
   A  a hand-written loop: zero_grad, forward, loss, backward, step
@@ -179,7 +180,7 @@ def run_b(case: dict, net0, steps: int, timer: StepTimer) -> float:
     return final_loss(model.net, case)
 
 
-def compose_default(case: dict, steps: int, out: Path, with_perf: bool):
+def compose_default(case: dict, steps: int, out: Path, with_perf: bool, drop: str = ""):
     from hydra import compose, initialize_config_dir
 
     from fasttrain import CONFIG_DIR
@@ -194,13 +195,22 @@ def compose_default(case: dict, steps: int, out: Path, with_perf: bool):
         cfg = compose("train", overrides=overrides)
     if not with_perf:
         cfg.callbacks.perf = None
+    if drop == "model_summary":
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
+            cfg.trainer.enable_model_summary = False
+    elif drop:
+        cfg.callbacks[drop] = None
     return cfg
 
 
-def run_c(case: dict, net0, steps: int, timer: StepTimer, out: Path, with_perf: bool) -> float:
+def run_c(
+    case: dict, net0, steps: int, timer: StepTimer, out: Path, with_perf: bool, drop: str = ""
+) -> float:
     from fasttrain.assemble import build_run
 
-    cfg = compose_default(case, steps, out, with_perf)
+    cfg = compose_default(case, steps, out, with_perf, drop)
     # Built exactly as `python train.py` builds it (ResumeState, atomic checkpoint IO included);
     # the bench feeds its own batches, so the data module goes unused.
     trainer, model, _ = build_run(cfg, [timer_callback(timer)], net=copy.deepcopy(net0))
@@ -425,6 +435,32 @@ OWNERS = (  # path fragment -> owner, first match wins
 )  # fmt: skip
 
 
+def callback_costs(reps: int, warmup: int, measured: int, out: Path) -> dict[str, Any]:
+    """What each default callback costs per step (tiny case): C against C without it, interleaved
+    (Lightning calls every hook of every callback on every step, so each one costs something
+    even where it does nothing)."""
+    import lightning as L
+    import torch
+
+    torch.set_num_threads(1)
+    case = CASES["tiny_mlp"]
+    names = [n for n, c in compose_default(case, 1, out, True).callbacks.items() if c is not None]
+    drops = ["", *names, "model_summary"]
+    L.seed_everything(0, verbose=False)
+    net0 = make_net(case)
+    times: dict[str, list[float]] = {d: [] for d in drops}
+    for rep in range(reps):
+        for drop in drops:
+            timer = StepTimer(warmup, measured)
+            run_c(case, net0, warmup + measured, timer, out / f"cb_{drop}_{rep}", True, drop)
+            times[drop].append(timer.us_per_step)
+    full = statistics.median(times[""])
+    return {
+        "default_us_per_step": full,
+        "saved_us_per_step_without": {d: full - statistics.median(times[d]) for d in drops if d},
+    }
+
+
 class ProfiledTimer(StepTimer):
     """A StepTimer that profiles exactly its window of steps."""
 
@@ -478,6 +514,7 @@ def main() -> None:
     )
     parser.add_argument("--smoke", action="store_true", help="a few steps, no results written")
     parser.add_argument("--profile", action="store_true", help="cProfile by owner, tiny case")
+    parser.add_argument("--callbacks", action="store_true", help="each default callback's cost")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
@@ -494,6 +531,12 @@ def main() -> None:
     reps, warmup, measured = (1, 2, 3) if args.smoke else (args.reps, 10, 60)
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch)
+        if args.callbacks:
+            costs = callback_costs(reps, warmup, measured, out)
+            print(json.dumps(costs, indent=2))
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / "cpu_callbacks.json").write_text(json.dumps(costs, indent=2) + "\n")
+            return
         if args.profile:
             owners = profile(warmup, measured * 3, out)
             print(json.dumps(owners, indent=2))

@@ -39,12 +39,26 @@ def final_metrics(run_dir: Path) -> dict[str, float]:
 
 
 def scalars(run_dir: Path) -> dict[str, list[float]]:
-    """Every scalar tag in the run's TensorBoard events -> its values in step order."""
+    """Every scalar tag in the run's TensorBoard events (in the run folder) -> its values in
+    step order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def session_hparams(run_dir: Path) -> dict[str, bool | float | str]:
+    """The hyperparameters of the run's HPARAMS session, as written to its events."""
+    from google.protobuf.json_format import MessageToDict
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    content = acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content
+    info = metadata.parse_session_start_info_plugin_data(content)
+    return {k: MessageToDict(v) for k, v in info.hparams.items()}
 
 
 @pytest.fixture(scope="session")

@@ -28,8 +28,11 @@ def test_grad_norms_in_event_file_before_clipping(tmp_path: Path) -> None:
     trainer, model, datamodule = build_run(cfg)
     trainer.fit(model, datamodule=datamodule)
     tags = scalars(tmp_path / "run")
-    layers = [t for t in tags if t.startswith("grad_norm/") and t != "grad_norm/total"]
-    assert {"grad_norm/net.layers.1.weight", "grad_norm/net.layers.1.bias"} <= set(layers)
+    assert [t for t in tags if t.startswith("grad_norm/")] == ["grad_norm/total"]
+    # Per layer in a group of their own; a container position gets the module's type.
+    layers = {t for t in tags if t.startswith("grad_norm_layers/")}
+    assert {"grad_norm_layers/net.layers.1.weight (Linear)",
+            "grad_norm_layers/net.layers.1.bias (Linear)"} <= layers  # fmt: skip
     assert len(tags["grad_norm/total"]) == trainer.global_step
     # Logged before clipping: larger than the clip bound the optimizer then applied.
     assert min(tags["grad_norm/total"]) > 0.001

@@ -24,6 +24,9 @@ def test_scale_lr_arithmetic(rule: str, expected: float) -> None:
     assert scale_lr(0.1, 64, 64, rule) == pytest.approx(0.1)
 
 
+LR_LOGGER = "fasttrain.callbacks.board.LearningRate"
+
+
 class FirstLr(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.lr = trainer.optimizers[0].param_groups[0]["lr"]
@@ -34,15 +37,17 @@ def test_optimizer_lr_scaled_by_effective_batch_and_logged(tmp_path: Path, rule:
     # effective batch = 32 x 4 (accumulation) x 1 (world) = 128 = 2 x base 64
     cfg = compose_train(tmp_path, *CPU, f"model.lr_scaling={rule}", "model.base_batch_size=64",
                         "data.batch_size=32", "trainer.accumulate_grad_batches=4",
-                        "logger=tensorboard", "model.optimizer.lr=0.001")  # fmt: skip
+                        "logger=tensorboard", "model.optimizer.lr=0.001",
+                        f"+callbacks.lr_monitor._target_={LR_LOGGER}")  # fmt: skip
     first = FirstLr()
     trainer, model, datamodule = build_run(cfg, callbacks=[first])
     trainer.fit(model, datamodule=datamodule)
     expected = 0.001 * (2 if rule == "linear" else math.sqrt(2))
     assert first.lr == pytest.approx(expected)
+    assert model.effective_batch_size == 128  # an HPARAMS column of the run
     tags = scalars(tmp_path / "run")
-    assert tags["lr/effective_batch_size"] == [128.0]
-    assert tags["lr/scaled"] == [pytest.approx(expected)]
+    assert tags["lr"][0] == pytest.approx(expected)  # the scaled lr at step 0, one lr series
+    assert not any(t.startswith("lr/") or t.startswith("lr-") for t in tags)
 
 
 def test_lr_find_sets_the_lr_used_for_training(

@@ -58,3 +58,6 @@ def test_notebook_executes(path: Path, log_dir: Path, monkeypatch: pytest.Monkey
     if path.name == "inspect_runs.ipynb":
         assert "2 runs under" in text
         assert "seed=1" in text and "seed=2" in text  # each run's overrides are shown
+        # Runs are labelled by what differs; what all share is said once.
+        common = next(ln for ln in text.splitlines() if "common to all:" in ln)
+        assert "trainer.max_epochs=2" in common and "seed" not in common

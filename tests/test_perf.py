@@ -172,7 +172,7 @@ def test_data_wait_share_rises_with_a_slow_loader(tmp_path: Path) -> None:
 def test_cuda_memory_nvml_and_mfu_scalars(tmp_path: Path) -> None:
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    logger = TensorBoardLogger(save_dir=str(tmp_path), name="tensorboard", version="")
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="", version="")
     monitor = PerfMonitor(output_dir=str(tmp_path))
     trainer = L.Trainer(
         accelerator="gpu", devices=1, precision="bf16-mixed", max_epochs=1,

@@ -120,8 +120,8 @@ def test_resume_never_keeps_the_old_run_beside_the_new_one(run: Path) -> None:
     ]
     # The new run holds its own files only: one epoch, its own events and best checkpoint.
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 0
-    events = sorted(p.name for p in (run / "tensorboard").glob("events.out.tfevents.*"))
-    assert events and not set(events) & {p.name for p in (aside / "tensorboard").iterdir()}
+    events = sorted(p.name for p in run.glob("events.out.tfevents.*"))
+    assert events and not set(events) & {p.name for p in aside.iterdir()}
     assert len(list((run / "checkpoints").glob("epoch*.ckpt"))) == 1
     assert "resume=never" in (run / "train.log").read_text()
 

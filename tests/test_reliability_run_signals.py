@@ -98,8 +98,8 @@ def last_step(ckpt: Path) -> int:
 
 @pytest.mark.slow  # tens of seconds: CI runs it in make test-slow
 def test_callbacks_none_sigterm_gives_a_command_that_resumes(tmp_path: Path) -> None:
-    # With callbacks=none Lightning's own checkpoint callback saves under tensorboard/, where
-    # resume=auto does not look: "resume with the same run_name" restarted from scratch.
+    # With callbacks=none Lightning's own checkpoint callback saves in the logger's folder: the
+    # run folder itself (fasttrain.callbacks.board.RunLogger), so resume=auto finds it there.
     args = ["model=mlp", "callbacks=none", "logger=tensorboard", "data.num_workers=0",
             "trainer.max_epochs=2", "+trainer.limit_train_batches=4", "test=false",
             "run_name=N", "+callbacks.killer._target_=killer.Killer",
@@ -107,9 +107,9 @@ def test_callbacks_none_sigterm_gives_a_command_that_resumes(tmp_path: Path) -> 
     proc = train(args, tmp_path, PYTHONPATH=TESTS_DIR)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     said, command = continue_command(proc.stderr, "SIGTERM")
-    saved = "logs/train/N/tensorboard/checkpoints/last.ckpt"
+    saved = "logs/train/N/checkpoints/last.ckpt"
     assert said == f"stopped by SIGTERM at step 5: saved {saved}"
-    assert f"resume={saved}" in command and "run_name=N" in command
+    assert "resume=" not in command and "run_name=N" in command
     assert last_step(tmp_path / saved) == 5
     # The command as printed continues from there (the killer is past its step: no new stop).
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,

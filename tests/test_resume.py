@@ -100,7 +100,7 @@ def test_sigterm_then_sigkill_then_resume_is_bit_exact(reference, tmp_path: Path
 def scalar_steps(run: Path, tag: str) -> list[int]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
     acc.Reload()
     return [e.step for e in acc.Scalars(tag)]
 

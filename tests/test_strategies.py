@@ -11,7 +11,7 @@ import pytest
 import torch
 from practices import compose_train
 
-from conftest import final_metrics, run_cli, run_dirs, scalars
+from conftest import final_metrics, run_cli, run_dirs, session_hparams
 from fasttrain.distributed import DataParallelStrategy, reduce_replica_outputs
 from fasttrain.distributed.dp import _ReplicaStep
 
@@ -45,12 +45,12 @@ def test_ddp_cpu_stacked_with_precision_accumulation_clipping(tmp_path: Path) ->
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in out and "GLOBAL_RANK: 1, MEMBER: 2/2" in out
     assert "Using bfloat16 Automatic Mixed Precision" in out
     (run,) = run_dirs(tmp_path)  # one run dir for both ranks
-    assert {"checkpoints", "tensorboard", "metrics.json"} <= {p.name for p in run.iterdir()}
-    events = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert {"checkpoints", "metrics.json"} <= {p.name for p in run.iterdir()}
+    events = list(run.glob("events.out.tfevents.*"))
     assert events and len({e.name.split(".")[-2] for e in events}) == 1  # one writer process
-    assert not list((run / "tensorboard").glob("version_*"))
+    assert not list(run.glob("version_*"))
     # Effective batch = 32 x 2 (accumulation) x 2 (processes): the world size reached the model.
-    assert scalars(run)["lr/effective_batch_size"] == [128.0]
+    assert session_hparams(run)["effective_batch_size"] == 128
     # The test accuracy is over the whole test split (both ranks' halves), not rank 0's half.
     metrics = final_metrics(run)
     ckpt = sorted((run / "checkpoints").glob("epoch*.ckpt"))[0]

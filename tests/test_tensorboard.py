@@ -1,8 +1,10 @@
-"""A short run, read back through a real TensorBoard server over its HTTP data API."""
+"""Short runs read back through a real TensorBoard server over its HTTP data API, as a user's
+browser reads them: run names, scalars and their steps, the Custom Scalars layout, HPARAMS."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -11,12 +13,21 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hydra import compose, initialize_config_dir
 
-from conftest import run_cli, run_dirs
+from conftest import CONF, run_cli, run_dirs
 
-SHORT = ["trainer.max_epochs=2", "data.num_workers=0", "data.batch_size=256"]
+# mlp on digits: 5 optimizer steps an epoch at batch 256. Values logged every 2 steps (loss,
+# lr, throughput), gradient norms every 3: their steps show the convention apart.
+EVERY, GRAD_EVERY = 2, 3
+BASE = ["model=mlp", "trainer.max_epochs=2", "data.num_workers=0", "data.batch_size=256",
+        f"trainer.log_every_n_steps={EVERY}",
+        f"callbacks.grad_monitor.every_n_steps={GRAD_EVERY}"]  # fmt: skip
+RUN_A = ["seed=7"]
+RUN_B = ["model.optimizer.lr=0.01", "trainer.deterministic=true"]
 
 
 def free_port() -> int:
@@ -25,7 +36,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def get_json(url: str, body: dict | None = None) -> object:
+def get_json(url: str, body: dict | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     # TensorBoard refuses POSTs without this header (its XSRF guard).
     headers = {"X-XSRF-Protected": "1", "Content-Type": "application/json"}
@@ -34,12 +45,30 @@ def get_json(url: str, body: dict | None = None) -> object:
         return json.loads(resp.read())
 
 
+def train_in_process(output_dir: Path, *overrides: str) -> None:
+    from fasttrain.tasks import train
+
+    args = [*BASE, f"paths.output_dir={output_dir}", *overrides]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        train(compose("train", overrides=args))
+
+
 @pytest.fixture(scope="module")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two command-line runs with different overrides, and one run resumed once (1 epoch, then
+    continued to 2 in the same folder)."""
     logs = tmp_path_factory.mktemp("tb") / "logs"
-    proc = run_cli(["train.py", *SHORT, "seed=7"], logs)
-    assert proc.returncode == 0, proc.stderr
+    for extra in (RUN_A, RUN_B):
+        proc = run_cli(["train.py", *BASE, *extra], logs)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        PRINTED.append(proc.stdout)
+    resumed = logs / "train" / "resumed"
+    train_in_process(resumed, "trainer.max_epochs=1")
+    train_in_process(resumed)
     return logs
+
+
+PRINTED: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +84,14 @@ def server(log_dir: Path) -> Iterator[str]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if get_json(f"{url}/data/plugin/scalars/tags"):
+                if len(get_json(f"{url}/data/plugin/scalars/tags")) == 3:
                     break
             except OSError:
                 pass
             assert proc.poll() is None, "tensorboard exited"
             time.sleep(0.5)
         else:
-            pytest.fail("tensorboard listed no run within 60 s")
+            pytest.fail("tensorboard did not list the 3 runs within 60 s")
         yield url
     finally:
         proc.terminate()
@@ -72,34 +101,129 @@ def server(log_dir: Path) -> Iterator[str]:
             proc.kill()
 
 
-def test_run_is_listed_by_name_with_its_overrides(server: str, log_dir: Path) -> None:
-    tags = get_json(f"{server}/data/plugin/scalars/tags")
-    assert isinstance(tags, dict) and len(tags) == 1
-    (run,) = tags
-    # <task>/<time>_<overrides>/tensorboard: readable, and what differs from the defaults
-    task, name, leaf = run.split("/")
-    assert (task, leaf) == ("train", "tensorboard")
-    assert name.endswith("_data.batch_size=256,data.num_workers=0,seed=7,trainer.max_epochs=2")
-    assert "paths.log_dir" not in name  # where files go is not what a run is about
-    assert [d.name for d in run_dirs(log_dir)] == [name]
+def steps(server: str, run: str, tag: str) -> list[int]:
+    query = urllib.parse.urlencode({"run": run, "tag": tag})
+    return [step for _, step, _ in get_json(f"{server}/data/plugin/scalars/scalars?{query}")]
 
 
-def test_scalars_are_served(server: str) -> None:
-    tags = get_json(f"{server}/data/plugin/scalars/tags")
-    assert isinstance(tags, dict)
-    (run,) = tags
-    assert {"val/acc", "val/loss", "train/loss_epoch"} <= set(tags[run])
-    query = urllib.parse.urlencode({"run": run, "tag": "val/acc"})
-    points = get_json(f"{server}/data/plugin/scalars/scalars?{query}")
-    assert isinstance(points, list) and len(points) == 2  # one per epoch: [wall, step, value]
-    assert all(0.0 <= value <= 1.0 for _, _, value in points)
-    assert points[0][1] < points[1][1]
+def cli_runs(server: str) -> list[str]:
+    return sorted(r for r in get_json(f"{server}/data/plugin/scalars/tags") if "resumed" not in r)
 
 
-def test_hparams_tab_has_config_and_final_metrics(server: str) -> None:
+def test_runs_are_listed_as_task_time_overrides(server: str, log_dir: Path) -> None:
+    runs = sorted(get_json(f"{server}/data/plugin/scalars/tags"))
+    names = [d.name for d in run_dirs(log_dir)]
+    # No /tensorboard or version_0 below the run folder (the resumed run has no .hydra/).
+    assert runs == sorted(f"train/{n}" for n in [*names, "resumed"])
+    time_ = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
+    for extra in (RUN_A, RUN_B):
+        overrides = ",".join(sorted(o.replace("/", ".") for o in [*BASE, *extra]))
+        assert any(re.fullmatch(f"{time_}_{re.escape(overrides)}", n) for n in names), overrides
+    # The run list shows the last path component first (TensorBoard's truncated path): the
+    # time to the second tells two runs apart within its first 20 characters.
+    a, b = (r.rsplit("/", 1)[1][:20] for r in cli_runs(server))
+    assert a != b
+
+
+def test_one_step_convention_and_every_n_exactly(server: str) -> None:
+    for run in get_json(f"{server}/data/plugin/scalars/tags"):
+        tags = get_json(f"{server}/data/plugin/scalars/tags")[run]
+        assert "epoch" not in tags and not any(t.startswith(("hp/", "lr-")) for t in tags)
+        # One point at the run's last optimizer step (2 epochs x 5); the resumed run has one
+        # for each part it ran.
+        last = steps(server, run, "final/test/acc")
+        assert last == ([5, 10] if run.endswith("/resumed") else [10])
+        assert steps(server, run, "test/acc") == last
+        end = last[-1]
+        # Every N optimizer steps exactly, epoch ends included (none dropped, none late).
+        assert steps(server, run, "grad_norm/total") == list(range(0, end, GRAD_EVERY))
+        assert steps(server, run, "train/loss_step") == list(range(0, end, EVERY))
+        assert steps(server, run, "lr") == list(range(0, end, EVERY))
+        # Throughput over the N steps that end at N, 2N, ...: the same x.
+        assert steps(server, run, "perf/samples_per_sec") == list(range(EVERY, end + 1, EVERY))
+        # Per epoch: at the optimizer steps completed when validation ran.
+        assert steps(server, run, "val/acc") == steps(server, run, "train/loss_epoch") == [5, 10]
+
+
+def test_custom_scalars_layout_opens_on_train_vs_val(server: str) -> None:
+    layout = get_json(f"{server}/data/plugin/custom_scalars/layout")
+    charts = {c["title"]: c["multiline"]["tag"] for cat in layout["category"] for c in cat["chart"]}
+    first = layout["category"][0]["chart"][0]
+    assert first["title"] == "loss: train vs val"
+    tags = get_json(f"{server}/data/plugin/scalars/tags")[cli_runs(server)[0]]
+
+    def shown(title: str) -> set[str]:
+        return {t for t in tags if any(re.search(rx, t) for rx in charts[title])}
+
+    assert shown("loss: train vs val") == {"train/loss_step", "train/loss_epoch", "val/loss"}
+    assert shown("accuracy: train vs val") == {"train/acc", "val/acc", "val/acc_best"}
+    assert shown("learning rate") == {"lr"}
+    assert shown("gradient norm (total, before clipping)") == {"grad_norm/total"}
+    assert shown("throughput (samples/s)") == {"perf/samples_per_sec"}
+    assert shown("share of step time waiting for data") == {"perf/data_wait_share"}
+
+
+def test_grad_norm_total_comes_first_and_layers_say_their_type(server: str) -> None:
+    tags = sorted(get_json(f"{server}/data/plugin/scalars/tags")[cli_runs(server)[0]])
+    grads = [t for t in tags if t.startswith("grad_norm")]
+    assert grads[0] == "grad_norm/total"
+    assert "grad_norm_layers/net.layers.1.weight (Linear)" in grads
+
+
+def session_groups(server: str) -> list[dict]:
+    body = {"experimentName": "", "allowedStatuses": ["STATUS_SUCCESS", "STATUS_UNKNOWN",
+            "STATUS_FAILURE", "STATUS_RUNNING"], "startIndex": 0, "sliceSize": 100}  # fmt: skip
+    return get_json(f"{server}/data/plugin/hparams/session_groups", body)["sessionGroups"]
+
+
+def test_hparams_one_typed_session_per_run(server: str) -> None:
     exp = get_json(f"{server}/data/plugin/hparams/experiment", {"experimentName": ""})
-    assert isinstance(exp, dict)
-    hparams = {h["name"]: h for h in exp["hparamInfos"]}
-    assert {"seed", "model.optimizer.lr", "data.batch_size", "trainer.max_epochs"} <= set(hparams)
+    infos = {h["name"]: h for h in exp["hparamInfos"]}
+    assert len(infos) <= 25 and not any("_target_" in n or "dir" in n for n in infos)
+    assert {"model.optimizer.lr", "trainer.deterministic", "seed", "data.batch_size",
+            "effective_batch_size", "trainer.precision", "model.net",
+            "model.optimizer"} <= set(infos)  # fmt: skip
+    # The keys that differ between the runs come first (TensorBoard shows the first five).
+    differing = [h["name"] for h in exp["hparamInfos"] if h.get("differs")]
+    assert {"model.optimizer.lr", "seed"} <= set(differing)
+    assert [h["name"] for h in exp["hparamInfos"]][: len(differing)] == differing
+    assert infos["trainer.deterministic"]["type"] == "DATA_TYPE_BOOL"
+    assert infos["model.optimizer.lr"]["type"] == "DATA_TYPE_FLOAT64"
+    assert infos["trainer.precision"]["type"] == "DATA_TYPE_STRING"
     metrics = {m["name"]["tag"] for m in exp["metricInfos"]}
-    assert {"hp/val/acc", "hp/test/acc"} <= metrics
+    assert {"final/test/acc", "final/val/acc_best", "final/perf/samples_per_sec",
+            "final/perf/data_wait_share", "final/perf/host_peak_rss_gb"} <= metrics  # fmt: skip
+
+    groups = session_groups(server)
+    assert len(groups) == 3 and all(len(g["sessions"]) == 1 for g in groups)  # resumed: once
+    by_run = {g["sessions"][0]["name"]: g for g in groups}
+    assert set(by_run) == set(get_json(f"{server}/data/plugin/scalars/tags"))
+    a, b = (by_run[r] for r in cli_runs(server))
+    assert (a["hparams"]["seed"], b["hparams"]["seed"]) == (7, 42)
+    assert (
+        b["hparams"]["model.optimizer.lr"] == 0.01 and b["hparams"]["trainer.deterministic"] is True
+    )
+    assert a["hparams"]["trainer.max_epochs"] == 2 and a["hparams"]["model.net"] == "MLP"
+    # Trial IDs without the shared date: told apart at the table's default width.
+    assert a["name"][:16] != b["name"][:16] and not a["name"].startswith("20")
+    for group in groups:
+        session = group["sessions"][0]
+        assert session["status"] == "STATUS_SUCCESS"
+        assert 0 < session["startTimeSecs"] < session["endTimeSecs"]
+        values = {m["name"]["tag"]: m["value"] for m in session["metricValues"]}
+        assert 0 <= values["final/test/acc"] <= 1 and values["final/perf/samples_per_sec"] > 0
+
+
+def test_printed_commands_work_as_printed(log_dir: Path) -> None:
+    lines = {ln.split(maxsplit=1)[0]: ln.split(maxsplit=1)[1] for ln in PRINTED[0].splitlines()
+             if ln.startswith(("evaluate ", "export ", "resume ", "TensorBoard "))}  # fmt: skip
+    assert set(lines) == {"evaluate", "export", "resume", "TensorBoard"}
+    # The checkpoint path holds `=` and `,`: pasted into a shell, Hydra takes it as one value.
+    evaluate = lines["evaluate"].replace(
+        " -m fasttrain.evaluate ", " -m fasttrain.evaluate --cfg job "
+    )
+    proc = subprocess.run(["bash", "-c", evaluate], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ckpt = re.search(r"^ckpt_path: (.*)$", proc.stdout, re.M)
+    assert ckpt and Path(ckpt[1]).is_file() and "=" in ckpt[1] and "," in ckpt[1]

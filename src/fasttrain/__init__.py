@@ -25,6 +25,11 @@ def shown(path: str | Path) -> str:
         return str(absolute)
 
 
+# A folder name holds at most 255 bytes; the time (19 characters) or a sweep job's number and
+# "_" come before the overrides.
+MAX_OVERRIDES = 200
+
+
 def _overrides_suffix() -> str:
     """`${overrides_suffix:}` in conf/: "_" + the job's overrides as one folder name, e.g.
     "_data.batch_size=128,seed=1"; "" without overrides, or outside a Hydra app (compose API).
@@ -34,7 +39,37 @@ def _overrides_suffix() -> str:
     if not HydraConfig.initialized():
         return ""
     overrides = HydraConfig.get().job.override_dirname
-    return f"_{overrides.replace('/', '.')}"[:150] if overrides else ""
+    return f"_{short_overrides(overrides.replace('/', '.'))}" if overrides else ""
+
+
+def short_overrides(overrides: str, limit: int = MAX_OVERRIDES) -> str:
+    """`overrides` ("key=value,key=value") within `limit` bytes without losing a value: as they
+    are when they fit, else each key cut to its shortest dotted ending that no other key shares
+    ("model.optimizer.lr=0.01,model.optimizer.weight_decay=0.1" -> "lr=0.01,weight_decay=0.1").
+    Only where even that is too long (values of ~200 characters) is the end cut, and a hash of
+    the whole then keeps the name unique."""
+    import hashlib
+    import re
+
+    if len(overrides.encode()) <= limit:
+        return overrides
+    items = re.split(r",(?=[\w.+~@-]+=)", overrides)  # a value may hold commas: [64,32]
+    pairs = [item.partition("=") for item in items]
+    keys = [k for k, _, _ in pairs]
+    short = ",".join(f"{_unique_ending(k, keys)}={v}" for k, _, v in pairs)
+    if len(short.encode()) <= limit:
+        return short
+    digest = hashlib.sha1(overrides.encode()).hexdigest()[:8]
+    return short.encode()[: limit - 9].decode(errors="ignore") + "~" + digest
+
+
+def _unique_ending(key: str, keys: list[str]) -> str:
+    parts = key.split(".")
+    for n in range(1, len(parts) + 1):
+        ending = ".".join(parts[-n:])
+        if sum(k == ending or k.endswith("." + ending) for k in keys) == 1:
+            return ending
+    return key
 
 
 def _launch_dir() -> str:

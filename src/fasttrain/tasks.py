@@ -12,8 +12,9 @@ config. torch and Lightning load inside the tasks, so `--help` stays fast.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,10 +27,12 @@ def train(cfg: Any) -> dict[str, float]:
 
     from fasttrain import fit
     from fasttrain.assemble import build_run
+    from fasttrain.callbacks import board
     from fasttrain.checkpoints.resume import checkpoint_to_resume
     from fasttrain.distributed.multirun import share_job_with_ranks
 
     trainer, model, datamodule = build_run(cfg)
+    board.start_session(trainer.loggers, *board.session_of(cfg, trainer))
     fit.set_matmul_precision(cfg.get("matmul_precision"))
     ckpt_path = checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)
     if cfg.get("train", True):
@@ -37,7 +40,9 @@ def train(cfg: Any) -> dict[str, float]:
         tuner = cast(dict[str, Any], OmegaConf.to_container(cfg.get("tuner") or {}))
         fit.tune(trainer, model, datamodule, **tuner)
         fit.fit(trainer, model, datamodule, ckpt_path, cfg.get("oom_fallback", False))
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    metrics = {
+        k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1 and k != "step"
+    }  # "step": the x Lightning writes epoch-end values at (Classifier._log_at_steps_completed)
 
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.get("test", True):
@@ -46,8 +51,8 @@ def train(cfg: Any) -> dict[str, float]:
             model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
         )
         metrics.update(results[0] if results else {})
+    board.end_session(trainer.loggers, board.final_values(metrics, trainer), trainer.global_step)
     report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir)
-    log_hparams(trainer.loggers, OmegaConf.to_container(cfg, resolve=True), metrics)
     return metrics
 
 
@@ -146,8 +151,9 @@ def check_settings(cfg: Any, entry: str) -> None:
 
 def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
            log_dir: str | None = None) -> None:  # fmt: skip
-    """Write metrics.json in the run dir; print the final metrics, where the run went, and the
-    command that opens `log_dir` in TensorBoard."""
+    """Write metrics.json in the run dir; print the final metrics, where the run went and, for
+    a training run (`log_dir` given), the commands that open it in TensorBoard, evaluate and
+    export its checkpoint, and continue it."""
     from lightning.pytorch.utilities import rank_zero_only
     from rich.console import Console
     from rich.table import Table
@@ -170,8 +176,41 @@ def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
     console.print(f"[bold]run dir[/]     {output_dir}")
     if ckpt:
         console.print(f"[bold]checkpoint[/]  {ckpt}")
-    if log_dir and (out / "tensorboard").is_dir():
-        console.print(f"[bold]TensorBoard[/] {tensorboard_command(log_dir)}")
+    if log_dir:  # a training run: what to do next, each command ready to paste
+        for name, command in next_commands(out, ckpt, log_dir).items():
+            console.print(f"[bold]{name:<11}[/] {command}", markup=True, highlight=False)
+
+
+def next_commands(run_dir: Path, ckpt: str | None, log_dir: str) -> dict[str, str]:
+    """Commands that work exactly as printed from where the run was started: the run folder's
+    name holds `=` and `,`, so a path in an override is quoted for Hydra, and the override for
+    the shell."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from fasttrain import shown
+    from fasttrain.checkpoints.resume import checkpoint_to_resume, how_to_continue
+    from fasttrain.config.overrides import quote
+
+    commands = {}
+    if list(run_dir.glob("events.out.tfevents.*")):
+        commands["TensorBoard"] = tensorboard_command(log_dir)
+    python = shown(sys.executable)
+    if ckpt:
+        arg = shell_word(f"ckpt_path={quote(shown(ckpt))}")
+        commands["evaluate"] = f"{python} -m fasttrain.evaluate {arg}"
+        commands["export"] = f"{python} -m fasttrain.export {arg}"
+    newest = checkpoint_to_resume("auto", str(run_dir))
+    if newest and HydraConfig.initialized():  # the command line to repeat is Hydra's record
+        command = how_to_continue(newest).partition("continue with: ")[2]
+        commands["resume"] = " ".join(shell_word(word) for word in shlex.split(command))
+    return {name: command for name, command in commands.items() if command}
+
+
+def shell_word(arg: str) -> str:
+    """`arg` as one shell word, quoted only as much as needed: "ckpt_path='a=1,b/x.ckpt'"."""
+    if shlex.quote(arg) == arg or re.search(r'["$`\\!]', arg):
+        return shlex.quote(arg)
+    return f'"{arg}"'
 
 
 def tensorboard_command(log_dir: str) -> str:
@@ -187,37 +226,3 @@ def _shown(path: Path) -> str:
         return str(path.absolute().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"model": {"optimizer": {"lr": 1e-3}}} -> {"model.optimizer.lr": 1e-3}.
-
-    Only scalars (numbers, strings, booleans) are kept: the HPARAMS tab filters and sorts on
-    them. A list (e.g. layer widths) becomes its string, a null the string "None".
-    """
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{name}."))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[name] = value
-        else:
-            flat[name] = str(value)
-    return flat
-
-
-def log_hparams(loggers: list[Any], params: Any, metrics: Mapping[str, float]) -> None:
-    """Write `params` (nested, resolved) once with the run's final `metrics` to every
-    TensorBoard logger (its HPARAMS tab); other loggers keep what Lightning records for them."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    flat = flatten(params)
-    # Under hp/: Lightning writes these as scalars too, and a second `val/acc` point would
-    # distort the training curve of the same name.
-    final = {f"hp/{k}": float(v) for k, v in metrics.items() if k.startswith(("val/", "test/"))}
-    for logger in loggers:
-        if isinstance(logger, TensorBoardLogger):
-            # rank-zero only inside Lightning's logger; the metrics become the tab's columns.
-            logger.log_hyperparams(flat, final)
-            logger.finalize("success")

@@ -15,8 +15,23 @@ from lightning.pytorch.utilities import rank_zero_warn
 from fasttrain.config.errors import ConfigError
 
 
+def layer_names(module: torch.nn.Module, parameters: list[str]) -> list[str]:
+    """Parameter names as the per-layer charts show them: the path, plus the owning module's
+    type where a container position makes the path alone ambiguous ("net.features.0.weight"
+    -> "net.features.0.weight (Conv2d)"; "net.fc.weight" stays)."""
+    shown = []
+    for name in parameters:
+        path = name.rpartition(".")[0]
+        if any(part.isdigit() for part in path.split(".")):
+            name = f"{name} ({type(module.get_submodule(path)).__name__})"
+        shown.append(name)
+    return shown
+
+
 class GradNormMonitor(L.Callback):
-    """Logs `grad_norm/total` and, with `per_layer`, `grad_norm/<parameter>` every N steps.
+    """Logs `grad_norm/total` and, with `per_layer`, `grad_norm_layers/<parameter>` every N
+    optimizer steps (a group of their own, so the total is the first card of the Time Series
+    page's gradient groups).
 
     Args:
         every_n_steps: log on optimizer steps that are multiples of this (each costs a device sync).
@@ -49,7 +64,8 @@ class GradNormMonitor(L.Callback):
         values = torch.cat((total[None], norms)).float().tolist() if self.per_layer else [
             float(total)]  # fmt: skip
         logged = {"grad_norm/total": values[0]}
-        logged |= {f"grad_norm/{n}": v for (n, _), v in zip(named, values[1:], strict=False)}
+        names = layer_names(pl_module, [n for n, _ in named])
+        logged |= {f"grad_norm_layers/{n}": v for n, v in zip(names, values[1:], strict=False)}
         for logger in trainer.loggers:
             logger.log_metrics(logged, step=trainer.global_step)
 

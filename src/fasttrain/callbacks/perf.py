@@ -1,8 +1,11 @@
 """PerfMonitor: throughput, data-loading wait, memory, utilisation and MFU under `perf/`.
 
 Cheap by construction: per training step it reads the clock a few times and adds floats. The
-device is synchronised only on logging steps (every `trainer.log_every_n_steps` batches), so a
-window's time is real device time while single steps stay asynchronous.
+device is synchronised only on logging steps, so a window's time is real device time while single
+steps stay asynchronous. A window ends with the optimizer step that completes a multiple of
+`trainer.log_every_n_steps` steps and is logged at that x (N, 2N, ...: optimizer steps completed,
+the convention of every scalar, see fasttrain.callbacks.board). At the end of fit the run's
+figures go to perf_summary.json, and `summary` keeps them for the HPARAMS tab.
 """
 
 from __future__ import annotations
@@ -141,7 +144,7 @@ class PerfMonitor(L.Callback):
         self._mark: float | None = None  # when the current step began
         self._wait = 0.0  # time in the loader's `next` since the last step ended
         self._fetch_t0 = 0.0
-        self._seen = 0
+        self._step_at_start = trainer.global_step  # of the batch under way
         self._gpu_util: list[float] = []
         self._cpu_mark = (_cpu_seconds(), time.perf_counter())
         self._device_name = (
@@ -206,6 +209,7 @@ class PerfMonitor(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._step_at_start = trainer.global_step
         if self._mark is None:  # no fetch hook ran (e.g. the loader is consumed in the step)
             self._mark = time.perf_counter()
         if self._measure_flops:
@@ -225,8 +229,10 @@ class PerfMonitor(L.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self._seen += 1
-        log_now = self._seen % self._every == 0
+        # This batch completed an optimizer step (the last micro-batch of an accumulation
+        # window) and with it a multiple of N steps: the window ends here.
+        step = trainer.global_step
+        log_now = step != self._step_at_start and step % self._every == 0
         if log_now and self._cuda:
             # The only sync: the window's time then covers the device work it queued.
             torch.cuda.synchronize(self._device)

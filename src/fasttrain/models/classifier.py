@@ -156,12 +156,9 @@ class Classifier(L.LightningModule):
         # Lightning skips on_train_epoch_start when it resumes mid-epoch: the sums start here
         # too (that epoch's means then cover its resumed part).
         self._reset_train_sums()
+        # The scaled lr is the first point of the `lr` scalar (fasttrain.callbacks.board), and
+        # the effective batch size a column of the HPARAMS tab.
         self._replan_schedule()
-        if self.effective_batch_size is not None:
-            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            for logger in self.loggers:
-                logger.log_metrics({"lr/effective_batch_size": self.effective_batch_size,
-                                    "lr/scaled": lr}, step=0)  # fmt: skip
 
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
@@ -201,6 +198,7 @@ class Classifier(L.LightningModule):
         loss, acc = totals[0] / totals[2].clamp(min=1), totals[1] / totals[2].clamp(min=1)
         self.log("train/loss_epoch", loss)
         self.log("train/acc", acc)
+        self._log_at_steps_completed()
         # For callbacks that monitor train/loss (EarlyStopping, ModelCheckpoint), not logged twice.
         self.log("train/loss", loss, logger=False)
         self.progress["train/loss"] = float(loss)
@@ -214,6 +212,13 @@ class Classifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
+        self._log_at_steps_completed()
+
+    def _log_at_steps_completed(self) -> None:
+        # Lightning writes epoch-end and validation values at x = its count of stepped batches
+        # before the current one is added (4 after 5 optimizer steps); a logged "step" is the x
+        # it uses instead: the optimizer steps completed, as every other scalar.
+        self.log("step", float(self.trainer.global_step))
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss, logits, y = self._shared_step(batch)

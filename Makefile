@@ -36,7 +36,7 @@ train: $(STAMP) ## train the default experiment (CNN on digits); pass overrides 
 
 export: $(STAMP) ## export CKPT=x.ckpt to ONNX, TorchScript, int8, fp16 and check each
 	@test -n "$(CKPT)" || { echo "usage: make export CKPT=logs/train/<run>/checkpoints/last.ckpt [ARGS=format=onnx]" >&2; exit 2; }
-	$(BIN)/python -m fasttrain.export ckpt_path=$(CKPT) $(ARGS)
+	$(BIN)/python -m fasttrain.export "ckpt_path='$(CKPT)'" $(ARGS)
 
 test: $(STAMP) ## run the test suite (offline, CPU, minutes); slow tests: make test-slow
 	$(BIN)/python -m pytest -m "not slow" $(ARGS)

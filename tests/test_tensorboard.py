@@ -227,3 +227,46 @@ def test_printed_commands_work_as_printed(log_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = re.search(r"^ckpt_path: (.*)$", proc.stdout, re.M)
     assert ckpt and Path(ckpt[1]).is_file() and "=" in ckpt[1] and "," in ckpt[1]
+
+
+def test_long_overrides_keep_every_value() -> None:
+    from fasttrain import MAX_OVERRIDES, short_overrides
+
+    given = ",".join([
+        "data.batch_size=64", "model.net.hidden=[256,128,64]",
+        "model.optimizer.lr=0.0012345678901234",
+        "model.optimizer.weight_decay=0.00012345678901234", "model.scheduler.eta_min=0.000001",
+        "trainer.gradient_clip_val=0.5", "trainer.max_epochs=30", "trainer.precision=bf16-mixed",
+    ])  # fmt: skip
+    assert len(given) > MAX_OVERRIDES  # cut at 150 characters, the sweep's lr was lost
+    short = short_overrides(given)
+    assert len(short) <= MAX_OVERRIDES and short.startswith("batch_size=64,hidden=[256,128,64],")
+    assert "lr=0.0012345678901234" in short and short.endswith(",precision=bf16-mixed")
+    assert short_overrides("seed=1,trainer.max_epochs=3") == "seed=1,trainer.max_epochs=3"
+    # Keys that share an ending keep as much as tells them apart.
+    assert short_overrides("a.x.lr=1,b.x.lr=2,c.y=3", limit=22) == "a.x.lr=1,b.x.lr=2,y=3"
+    huge = [short_overrides(f"x={'1' * 300}{i}") for i in range(2)]
+    assert all(len(h) <= MAX_OVERRIDES for h in huge) and huge[0] != huge[1]
+
+
+def test_compared_hparams_typed_without_plumbing() -> None:
+    from fasttrain.callbacks.board import MAX_HPARAMS, compared_hparams
+
+    config = {
+        "seed": 1, "data": {"_target_": "a.DigitsDataModule", "batch_size": 64, "data_dir": "/d"},
+        "model": {"net": {"_target_": "n.MLP", "hidden": [64, 32]},
+                  "optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.01}},
+        "trainer": {"precision": "bf16-mixed", "deterministic": True, "gradient_clip_val": None},
+        "callbacks": {"best": {"dirpath": "/x", "mode": "max"}},
+    }  # fmt: skip
+    overrides = ["model/net=mlp", "trainer.deterministic=true", "model.net.hidden=[64,32]",
+                 "data.data_dir=/d", "callbacks.best.dirpath=/x", "~trainer.precision"]  # fmt: skip
+    got = compared_hparams(config, overrides, {"effective_batch_size": 128})
+    assert got == {
+        "effective_batch_size": 128, "model/net": "mlp", "trainer.deterministic": True,
+        "model.net.hidden": "[64, 32]", "data": "DigitsDataModule", "data.batch_size": 64,
+        "model.net": "MLP", "model.optimizer": "AdamW", "model.optimizer.lr": 0.01,
+        "trainer.precision": "bf16-mixed", "seed": 1,
+    }  # fmt: skip
+    many = compared_hparams({f"k{i}": i for i in range(40)}, [f"k{i}={i}" for i in range(40)])
+    assert len(many) == MAX_HPARAMS

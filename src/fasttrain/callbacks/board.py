@@ -123,7 +123,9 @@ KNOBS = (
 )  # fmt: skip
 MAX_HPARAMS = 25
 # Where files go and what only wires things together: never a column.
-_PLUMBING = re.compile(r"(^|\.)(_target_|_partial_)$|(^|\.)paths\.|_(dir|path|file)$|^hydra\.")
+_PLUMBING = re.compile(
+    r"(^|\.)(_target_|_partial_)$|^paths\.|^hydra\.|(^|[._])(dir|path|file|filename|dirpath)$"
+)
 
 
 def compared_hparams(config: Mapping[str, Any], overrides: Sequence[str] = (),

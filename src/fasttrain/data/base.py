@@ -16,13 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, TensorDataset
 
 from fasttrain.config.errors import ConfigError
-from fasttrain.data.batches import (
-    Batched,
-    DeviceLoader,
-    DeviceResumableLoader,
-    as_batch,
-    check_fits_on,
-)
+from fasttrain.data.batches import Batched, as_batch, device_loader
 from fasttrain.data.prefetch import PREFETCHING
 from fasttrain.data.resumable import ResumableLoader, first_epoch
 
@@ -181,19 +175,10 @@ class TensorDataModule(L.LightningDataModule):
     def _device_loader(self, split: str, shuffle: bool) -> DataLoader:
         """data.on_device: the split moves to the accelerator on first use; same sampler and
         batch sampler as the host path, so the same batches in the same order."""
-        trainer = self.trainer
-        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-        if split not in self._device_splits:
-            host = {k: v for k, v in self.splits.items() if k not in self._device_splits}
-            check_fits_on(host, device)  # every split still to move
-            tensors = self.splits[split].tensors
-            self._device_splits[split] = Batched(*(t.to(device) for t in tensors))
-        dataset = self._device_splits[split]
-        if shuffle:
-            return DeviceResumableLoader(
-                dataset, seed=self.seed, epoch=first_epoch(self.trainer), batch_size=self.batch_size
-            )
-        return DeviceLoader(dataset, batch_size=self.batch_size)
+        return device_loader(
+            self.splits, self._device_splits, split, shuffle, self.trainer, self.seed,
+            self.batch_size,
+        )  # fmt: skip
 
     def _prefetch_device(self) -> torch.device | None:
         """The CUDA device batches are prefetched to, or None (off, or nothing to prefetch to)."""

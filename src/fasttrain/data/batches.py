@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from fasttrain.config.errors import UserError
-from fasttrain.data.resumable import ResumableLoader
+from fasttrain.data.resumable import ResumableLoader, first_epoch
 
 GB = 1e9
 
@@ -77,6 +77,29 @@ class DeviceResumableLoader(ResumableLoader):
         assert self.batch_sampler is not None
         remaining = itertools.islice(self.batch_sampler, self._skip, None)
         return device_batches(self.dataset.tensors, remaining)  # type: ignore[attr-defined]
+
+
+def device_loader(
+    splits: dict[str, TensorDataset],
+    moved: dict[str, Batched],
+    split: str,
+    shuffle: bool,
+    trainer: Any,
+    seed: int,
+    batch_size: int,
+) -> DataLoader:
+    """data.on_device: `split` of `splits` moves to the trainer's device on first use (kept in
+    `moved`); the same sampler and batch sampler as the host path, so the same batches in the
+    same order, and training (`shuffle`) resumes mid-epoch."""
+    device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+    if split not in moved:
+        check_fits_on({k: v for k, v in splits.items() if k not in moved}, device)  # still to move
+        moved[split] = Batched(*(t.to(device) for t in splits[split].tensors))
+    dataset = moved[split]
+    if shuffle:
+        epoch = first_epoch(trainer)
+        return DeviceResumableLoader(dataset, seed=seed, epoch=epoch, batch_size=batch_size)
+    return DeviceLoader(dataset, batch_size=batch_size)
 
 
 def check_fits_on(splits: dict[str, TensorDataset], device: torch.device) -> None:

@@ -9,6 +9,11 @@ official python archive into DIR when the files are not there and checks its MD5
 
 Splits: train = data_batch_1..5 less a stratified `val_fraction` (fixed by `seed`) for
 validation; test = test_batch, which never picks a checkpoint.
+
+`on_device=true` holds the decoded uint8 images as tensors on the accelerator (150 MB for the
+training set) and serves them like the in-memory data sets (fasttrain.data.batches): no loader
+workers, no copy per step. The pad-and-crop and flips then run there, on the whole batch, in
+training only (fasttrain.data.augment).
 """
 
 from __future__ import annotations
@@ -26,8 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.data.augment import PadCropFlip, augment_training_batch
+from fasttrain.data.batches import Batched, device_loader
 from fasttrain.data.images import ImageDataModule, Images, pillow, stratified_split
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -46,6 +55,8 @@ class Cifar10DataModule(ImageDataModule):
         input_shape: [channels, *image_size] (conf/data/cifar10.yaml derives it).
         download: fetch the official archive into `path` when the files are not there.
         val_fraction: share of the training batches held out for validation, per class.
+        on_device: hold the splits on the accelerator and augment batches there (crop "pad" or
+            "none", flip); needs num_workers 0 or auto.
         **images: channels, image_size, mean, std, augmentation and loader knobs
             (fasttrain.data.images.ImageDataModule).
     """
@@ -57,8 +68,10 @@ class Cifar10DataModule(ImageDataModule):
         input_shape: Sequence[int],
         download: bool = False,
         val_fraction: float = 0.1,
+        on_device: bool = False,
         **images: Any,
     ) -> None:
+        _check_on_device(on_device, images)
         super().__init__(num_classes, input_shape, **images)
         if num_classes != 10:
             raise ConfigError("num_classes", num_classes, "CIFAR-10 has 10 classes")
@@ -79,6 +92,14 @@ class Cifar10DataModule(ImageDataModule):
             )  # fmt: skip
         self.class_names = list(NAMES)
         self.arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.on_device = on_device
+        self._moved: dict[str, Batched] = {}  # the splits on the device, as they are first used
+        self.device_augment: PadCropFlip | None = None
+        if on_device:
+            self.num_workers, self.pin_memory = 0, False  # batches are gathered on the device
+            pad = self.augment["padding"] if self.augment["crop"] == "pad" else 0
+            if pad or self.augment["flip"]:
+                self.device_augment = PadCropFlip(pad, self.augment["flip"])
         self.save_hyperparameters()
 
     def load(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -96,10 +117,28 @@ class Cifar10DataModule(ImageDataModule):
         return self.arrays
 
     def make_splits(self) -> dict[str, Any]:
+        if self.on_device:  # uint8 [N, 32, 32, 3] -> [N, 3, 32, 32], augmented on the device
+            return {
+                split: Batched(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(),
+                               torch.from_numpy(y))
+                for split, (x, y) in self.load().items()
+            }  # fmt: skip
         return {
             split: Images(x, y, _row, self.transform(split == "train"))
             for split, (x, y) in self.load().items()
         }
+
+    def loader(self, split: str, shuffle: bool) -> DataLoader:
+        if not self.on_device:
+            return super().loader(split, shuffle)
+        splits: dict[str, TensorDataset] = dict(self.splits)  # type: ignore[arg-type]
+        return device_loader(
+            splits, self._moved, split, shuffle, self.trainer, self.seed, self.batch_size
+        )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Lightning's hook after a batch reached the device (a no-op move when it lives there).
+        return augment_training_batch(self, batch, self.device_augment)
 
     def encoded(self, split: str) -> Iterator[tuple[str, bytes, int]]:
         """(format, PNG bytes, label) of each image of `split` (for shards)."""
@@ -109,6 +148,26 @@ class Cifar10DataModule(ImageDataModule):
             buffer = io.BytesIO()
             Image.fromarray(pixels).save(buffer, format="PNG")
             yield "png", buffer.getvalue(), int(label)
+
+
+def _check_on_device(on_device: Any, images: dict[str, Any]) -> None:
+    if not isinstance(on_device, bool):
+        raise ConfigError("on_device", on_device, "expected true or false")
+    if not on_device:
+        return
+    workers = images.get("num_workers", "auto")
+    if workers not in ("auto", 0):
+        raise ConfigError(
+            "on_device", on_device,
+            f"batches are gathered on the device, in the training process: set "
+            f"data.num_workers=0 (or auto), not {workers}",
+        )  # fmt: skip
+    if images.get("crop", "none") == "resized":
+        raise ConfigError(
+            "on_device", on_device,
+            "augmentation on the device does pad-and-crop and flips: set data.crop=pad or none, "
+            "or data.on_device=false for crop=resized (done in loader workers)",
+        )  # fmt: skip
 
 
 def _row(pixels: np.ndarray) -> np.ndarray:

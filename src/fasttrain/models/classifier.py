@@ -51,13 +51,16 @@ class Classifier(L.LightningModule):
             length argument it leaves out (T_max, total_steps) is set to the run's length in
             scheduler steps: trainer.max_epochs, or the run's optimizer steps (interval "step").
             A resumed run of another length keeps its position on a schedule re-planned for
-            the new length.
+            the new length. A peak `max_lr` it leaves out (OneCycleLR) is the optimizer's lr,
+            after `lr_scaling` or the LR finder.
         scheduler_interval: step the scheduler every "epoch" or every optimizer "step".
         lr_scaling: scale the optimizer's lr by the effective batch size (batch_size x
             accumulate_grad_batches x world size) over `base_batch_size`: none, linear or sqrt.
         base_batch_size: the effective batch size the optimizer's lr was tuned for.
         channels_last: NHWC memory format for the net and 4-D inputs (faster convs on Tensor Cores).
         compile: torch.compile the net (not this module: compiling it would break `self.log`).
+        label_smoothing: the training loss's target smoothing (F.cross_entropy), in [0, 1).
+            Validation and test losses stay plain cross-entropy, comparable between runs.
         input_mean, input_std: input preprocessing done here, on the device: the net takes
             (x - mean) / std of the batch as it arrives, converted to float (image data sets send
             uint8 pixels 0..255: a quarter of the host-to-device bytes of float32). One value, or
@@ -82,6 +85,7 @@ class Classifier(L.LightningModule):
         compile: bool = False,
         input_mean: float | Sequence[float] | None = None,
         input_std: float | Sequence[float] | None = None,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -92,6 +96,9 @@ class Classifier(L.LightningModule):
             raise ConfigError("lr_scaling", lr_scaling, "expected one of 'none', 'linear', 'sqrt'")
         if base_batch_size < 1:
             raise ConfigError("base_batch_size", base_batch_size, "expected an int >= 1")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ConfigError("label_smoothing", label_smoothing, "expected a number in [0, 1)")
+        self.label_smoothing = float(label_smoothing)
         if channels_last:
             # 4-D weights only; others unchanged. torch's stubs lack Module.to(memory_format=).
             net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
@@ -111,6 +118,7 @@ class Classifier(L.LightningModule):
         self.effective_batch_size: int | None = None
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self._planned_length: dict[str, Any] = {}  # the schedule's length args for this run
+        self._peak: dict[str, Any] = {}  # max_lr when the scheduler config leaves it out
         # Plain specs, never objects: checkpoints then load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "net": spec_of(net), "optimizer": spec_of(optimizer), "scheduler": spec_of(scheduler),
@@ -118,6 +126,7 @@ class Classifier(L.LightningModule):
             "lr_scaling": lr_scaling, "base_batch_size": base_batch_size,
             "channels_last": channels_last, "compile": compile,
             "input_mean": _plain_floats(input_mean), "input_std": _plain_floats(input_std),
+            "label_smoothing": float(label_smoothing),
         })  # fmt: skip
         # micro average = plain accuracy (fraction of correct predictions).
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -137,10 +146,12 @@ class Classifier(L.LightningModule):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
-    def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _shared_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], smoothing: float = 0.0
+    ) -> tuple[torch.Tensor, ...]:
         x, y = batch
         logits = self(x)
-        return F.cross_entropy(logits, y), logits.detach(), y
+        return F.cross_entropy(logits, y, label_smoothing=smoothing), logits.detach(), y
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -163,7 +174,7 @@ class Classifier(L.LightningModule):
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
     ) -> torch.Tensor:
-        loss, logits, y = self._shared_step(batch)
+        loss, logits, y = self._shared_step(batch, self.label_smoothing)
         # The epoch's sums stay on the device ([loss x samples, correct]); no self.log here: on
         # a step that does not log, nothing is read back to the host (no sync) and Lightning's
         # per-call bookkeeping (~0.5 ms on a CPU) is not paid.
@@ -233,7 +244,8 @@ class Classifier(L.LightningModule):
         self._scale_lr(optimizer)
         if self.scheduler_factory is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer, **self._length_args())
+        self._peak = self._peak_args(optimizer)
+        scheduler = self.scheduler_factory(optimizer, **self._peak, **self._length_args())
         self._planned_length = _length_of(scheduler)
         interval = self.hparams["scheduler_interval"]
         return {
@@ -270,6 +282,15 @@ class Classifier(L.LightningModule):
         params = inspect.signature(factory.func).parameters
         left_out = [a for a in RUN_LENGTH_ARGS if a in params and a not in factory.keywords]
         return dict.fromkeys(left_out, self._run_length()) if left_out else {}
+
+    def _peak_args(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """max_lr, when the factory takes it and leaves it out: each group's (scaled) lr."""
+        factory = self.scheduler_factory
+        if not isinstance(factory, functools.partial) or "max_lr" in factory.keywords:
+            return {}
+        if "max_lr" not in inspect.signature(factory.func).parameters:
+            return {}
+        return {"max_lr": [group["lr"] for group in optimizer.param_groups]}
 
     def _run_length(self) -> int:
         """The run's length in scheduler steps: its epochs, or its optimizer steps."""
@@ -309,7 +330,7 @@ class Classifier(L.LightningModule):
         optimizer = scheduler.optimizer
         for group in optimizer.param_groups:  # the constructor starts from the current lr
             group["lr"] = group["initial_lr"]
-        fresh = self.scheduler_factory(optimizer, **self._planned_length)
+        fresh = self.scheduler_factory(optimizer, **self._peak, **self._planned_length)
         with warnings.catch_warnings():
             # torch warns about scheduler steps before any optimizer step: this is a replay.
             warnings.simplefilter("ignore", UserWarning)

@@ -156,7 +156,8 @@ def test_config_smoke_runs(rel: str, tmp_path: Path) -> None:
     assert (tmp_path / "run" / "metrics.json").is_file()
     if rel.startswith("logger/") and not rel.endswith("none.yaml"):
         # TensorBoard's events go into the run folder itself (its name is the run's in the UI).
-        pattern = {"tensorboard": "events.out.tfevents.*"}.get(Path(rel).stem, f"{Path(rel).stem}/*")
+        stem = Path(rel).stem
+        pattern = {"tensorboard": "events.out.tfevents.*"}.get(stem, f"{stem}/*")
         assert any((tmp_path / "run").glob(pattern)), "the logger wrote nothing"
 
 

@@ -11,6 +11,10 @@ Sections (each appended to gpu_results.json as it finishes, so a timeout keeps w
   transformer  a GPT-style decoder (GPT-2 small shape) in bf16-mixed + compile: tokens/s, MFU
   data_wait    perf/data_wait_share of short `python train.py` runs on digits and synthetic
                data with the default loader, pin_memory/device_prefetch off and on
+  recipe       experiment=cifar10_resnet18 on synthetic CIFAR-shaped data (data=synthetic):
+               images/s of the recipe (bf16-mixed, channels_last, compile, data on the device)
+               against the same run eager in fp32 with host data, through its data module,
+               EMA and one-cycle schedule
 """
 
 from __future__ import annotations
@@ -327,6 +331,64 @@ def bench_data_wait(out: Path, smoke: bool, device: str) -> dict[str, Any]:
     return {"rows": rows, "epochs": epochs}
 
 
+# ---- recipe: experiment=cifar10_resnet18, eager fp32 vs the recipe ------------------------------
+RECIPE_VARIANTS = {  # label -> the overrides that differ from the experiment's own settings
+    "eager fp32": [
+        "trainer.precision=32-true", "matmul_precision=highest", "model.channels_last=false",
+        "model.compile=false", "data.on_device=false",
+    ],
+    "recipe": [],
+}  # fmt: skip
+
+
+def bench_recipe(out: Path, smoke: bool, device: str) -> dict[str, Any]:
+    """The experiment's training steps through its own data module and callbacks (EMA) on
+    CIFAR-sized random data (data=synthetic: the 40,000 training images of a CIFAR split; no
+    augmentation there), timed over steps [warmup, warmup + measured) of the first epoch."""
+    import torch
+
+    from fasttrain.assemble import build_run
+
+    batch, samples = (8, 64) if smoke else (512, 50_000)
+    warmup, measured = (1, 2) if smoke else (15, 50)  # compile happens in the warm-up
+    size = ["model.net.channels=[8,16,32,64]", "model.compile=false"] if smoke else []
+    rows = []
+    for label, overrides in RECIPE_VARIANTS.items():
+        cfg = compose(
+            [
+                "experiment=cifar10_resnet18", "data=synthetic", f"data.num_samples={samples}",
+                f"data.batch_size={batch}", "logger=none", "callbacks.checkpoint=null",
+                "callbacks.best=null", "callbacks.progress_bar=null", "train=true", "test=false",
+                f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}", "trainer.devices=1",
+                f"+trainer.max_steps={warmup + measured}", "+trainer.limit_val_batches=0",
+                "+trainer.num_sanity_val_steps=0", "+trainer.enable_progress_bar=false",
+                "+trainer.enable_checkpointing=false", *overrides, *size,
+            ],
+            out / "recipe",
+        )  # fmt: skip
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
+        result: dict[str, float] = {}
+        trainer, model, datamodule = build_run(cfg, [window_timer(warmup, measured, result)])
+        started = time.perf_counter()
+        trainer.fit(model, datamodule=datamodule)
+        rows.append(
+            {
+                "variant": label,
+                "overrides": overrides,
+                "images_per_s": batch * measured / result["seconds"],
+                "fit_seconds": time.perf_counter() - started,  # compile and data set-up included
+            }
+        )
+        print(f"recipe {label}: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
+    by = {r["variant"]: r["images_per_s"] for r in rows}
+    return {
+        "net": "ResNet-18" + (" at 1/8 widths" if smoke else ""),
+        "batch": batch,
+        "rows": rows,
+        "speedup_recipe_vs_eager_fp32": by["recipe"] / by["eager fp32"],
+    }
+
+
 # ---- report ------------------------------------------------------------------------------------
 def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
@@ -363,6 +425,20 @@ def markdown(results: dict[str, Any]) -> str:
             f"(target >= 45%)",
             "",
         ]
+    if "recipe" in results:
+        r = results["recipe"]
+        lines += [
+            f"experiment=cifar10_resnet18 data=synthetic ({r['net']}, batch {r['batch']}, EMA, "
+            "one cycle):",
+            "",
+            "| variant | images/s | fit s (compile included) |",
+            "|---|---|---|",
+        ]
+        for row in r["rows"]:
+            lines.append(
+                f"| {row['variant']} | {row['images_per_s']:,.0f} | {row['fit_seconds']:.0f} |"
+            )
+        lines += ["", f"recipe vs eager fp32: **{r['speedup_recipe_vs_eager_fp32']:.2f}x**", ""]
     if "data_wait" in results:
         lines += [
             "| data | pin_memory + device_prefetch | data-wait share | samples/s |",
@@ -400,7 +476,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; runs on CPU")
-    parser.add_argument("--only", nargs="*", default=["conv", "transformer", "data_wait"])
+    parser.add_argument("--only", nargs="*", default=["conv", "transformer", "data_wait", "recipe"])
     args = parser.parse_args()
     import torch
 
@@ -411,7 +487,12 @@ def main() -> None:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"machine": machine(device), "smoke": args.smoke}
-    sections = {"conv": bench_conv, "transformer": bench_transformer, "data_wait": bench_data_wait}
+    sections = {
+        "conv": bench_conv,
+        "transformer": bench_transformer,
+        "data_wait": bench_data_wait,
+        "recipe": bench_recipe,
+    }
     for name in args.only:
         try:
             results[name] = sections[name](args.out / "runs", args.smoke, device)

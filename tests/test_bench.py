@@ -47,4 +47,6 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path) -> None:
     assert results["transformer"]["tokens_per_s"] > 0
     assert len(results["data_wait"]["rows"]) == 4
     assert all(0 <= r["data_wait_share"] <= 1 for r in results["data_wait"]["rows"])
+    assert [r["variant"] for r in results["recipe"]["rows"]] == ["eager fp32", "recipe"]
+    assert all(r["images_per_s"] > 0 for r in results["recipe"]["rows"])
     assert "| variant | images/s |" in (tmp_path / "gpu_results.md").read_text()

@@ -236,13 +236,20 @@ def test_recipe_command_line_without_the_files(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_recipe_compiled_on_cuda(tmp_path: Path) -> None:
-    gpu = ["trainer.accelerator=gpu", "model.compile=true", "model.net.channels=[64,128,256,512]",
-           "data.batch_size=256",
-           "data=synthetic", "data.num_samples=4096", "trainer.max_steps=6"]  # fmt: skip
-    _, trainer, model, datamodule = recipe_run(tmp_path, *gpu)
-    assert trainer.global_step == 6
-    assert next(model.parameters()).device.type == "cuda"
+    # The shapes of bench/gpu_bench.py's recipe section (batch 512, training only): its compile
+    # then starts from this one's cached graphs.
+    cfg = compose_train(
+        tmp_path, RECIPE, "data=synthetic", "data.num_samples=4096", "data.batch_size=512",
+        "trainer.accelerator=gpu", "trainer.devices=1", "+trainer.max_steps=6",
+        "+trainer.limit_val_batches=0", "+trainer.num_sanity_val_steps=0", "test=false",
+        "logger=none", "callbacks.checkpoint=null", "callbacks.best=null", quick=False,
+    )  # fmt: skip
+    trainer, model, datamodule = build_run(cfg)
+    trainer.fit(model, datamodule=datamodule)
+    assert trainer.global_step == 6 and trainer.precision == "bf16-mixed"
+    assert model.hparams["compile"] and next(model.parameters()).device.type == "cuda"
     assert datamodule._device_splits["train"].tensors[0].device.type == "cuda"
+    assert torch.isfinite(model._train_sums).all()
 
 
 def test_augmentation_makes_no_device_sync() -> None:

@@ -240,7 +240,7 @@ class Classifier(L.LightningModule):
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:
             raise ConfigError("optimizer", None, "training needs an optimizer factory")
-        optimizer = self.optimizer_factory(self.parameters())
+        optimizer = self._clippable(self.optimizer_factory)(self.parameters())
         self._scale_lr(optimizer)
         if self.scheduler_factory is None:
             return optimizer
@@ -252,6 +252,23 @@ class Classifier(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": interval},
         }
+
+    def _clippable(self, factory: OptimizerFactory) -> OptimizerFactory:
+        """The factory, unfused where Lightning could not clip: it refuses gradient clipping under
+        mixed precision with an optimizer that unscales gradients itself (fused: the default of
+        the shipped optimizers, for speed and a sync-free GradScaler)."""
+        trainer = self.trainer
+        mixed = str(trainer.precision).endswith("-mixed")
+        keywords = getattr(factory, "keywords", {})
+        if not (mixed and trainer.gradient_clip_val and keywords.get("fused")):
+            return factory
+        rank_zero_info(
+            f"model.optimizer.fused=false for this run: Lightning clips gradients "
+            f"(trainer.gradient_clip_val={trainer.gradient_clip_val}) under "
+            f"trainer.precision={trainer.precision} only with an unfused optimizer"
+        )
+        assert isinstance(factory, functools.partial)
+        return functools.partial(factory.func, *factory.args, **{**keywords, "fused": False})
 
     def _scale_lr(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply the LR finder's lr, or scale the configured lr by the effective batch size."""

@@ -362,9 +362,9 @@ class PerfMonitor(L.Callback):
 
 def _batch_size(batch: Any) -> int:
     # The common case first, (x, y, ...) tensors: extract_batch_size walks the whole batch.
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
-        if batch[0].ndim:
-            return int(batch[0].shape[0])
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else None
+    if isinstance(first, torch.Tensor) and first.ndim:
+        return int(first.shape[0])
     try:
         return extract_batch_size(batch)
     except MisconfigurationException:  # no tensor in the batch: samples/s counts batches

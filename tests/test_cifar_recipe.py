@@ -151,6 +151,21 @@ def test_onecycle_takes_its_peak_from_the_optimizer_and_its_length_from_the_run(
     assert scheduler.last_epoch == 8  # stepped once per optimizer step
 
 
+def test_a_one_step_onecycle_warmup_is_refused_in_one_line(tmp_path: Path) -> None:
+    # torch's OneCycleLR divides by zero when pct_start x total_steps is exactly 1.
+    from fasttrain.config.errors import UserError
+
+    cfg = compose_train(
+        tmp_path, "model=mlp", "model/scheduler=onecycle", "model/optimizer=sgd",
+        "data.num_workers=0", "callbacks=none", "logger=none", "trainer.max_epochs=1",
+        "+trainer.max_steps=4", "+trainer.enable_progress_bar=false",
+        "+trainer.enable_checkpointing=false", quick=False,
+    )  # fmt: skip
+    trainer, model, datamodule = build_run(cfg)
+    with pytest.raises(UserError, match=r"model.scheduler.pct_start=0.25: .* 4 optimizer steps"):
+        trainer.fit(model, datamodule=datamodule)
+
+
 def test_label_smoothing_is_the_training_loss_only() -> None:
     from fasttrain.models import Classifier
 

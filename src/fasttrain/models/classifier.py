@@ -245,7 +245,9 @@ class Classifier(L.LightningModule):
         if self.scheduler_factory is None:
             return optimizer
         self._peak = self._peak_args(optimizer)
-        scheduler = self.scheduler_factory(optimizer, **self._peak, **self._length_args())
+        length = self._length_args()
+        _check_warmup(self.scheduler_factory, length)
+        scheduler = self.scheduler_factory(optimizer, **self._peak, **length)
         self._planned_length = _length_of(scheduler)
         interval = self.hparams["scheduler_interval"]
         return {
@@ -382,6 +384,23 @@ def _as_list(values: float | Sequence[float]) -> list[float]:
     if isinstance(plain, list) and not plain:
         raise ConfigError("input_mean", values, "expected a number or a non-empty list")
     return plain if isinstance(plain, list) else [float(plain or 0.0)]
+
+
+def _check_warmup(factory: SchedulerFactory, length: dict[str, int]) -> None:
+    """torch's OneCycleLR divides by zero when its warm-up phase is exactly one step
+    (pct_start x total_steps == 1, e.g. 4 steps at pct_start=0.25): refuse that in one line."""
+    keywords = getattr(factory, "keywords", {})
+    total = length.get("total_steps", keywords.get("total_steps"))
+    if getattr(factory, "func", None) is not torch.optim.lr_scheduler.OneCycleLR or not total:
+        return
+    pct = keywords.get("pct_start", 0.3)
+    if float(pct * total) - 1 <= 0:
+        raise UserError(
+            f"model.scheduler.pct_start={pct}: the one-cycle warm-up would be "
+            f"{pct * total:g} of the run's {total} optimizer steps; torch's OneCycleLR needs "
+            "more than one: a longer run (trainer.max_steps, trainer.max_epochs) or a larger "
+            "model.scheduler.pct_start"
+        )
 
 
 def _length_of(scheduler: Any) -> dict[str, Any]:

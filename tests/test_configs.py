@@ -23,6 +23,8 @@ NEEDS_CUDA = {"trainer/gpu.yaml", "debug/nvtx.yaml", "trainer/ddp.yaml", "traine
 LAUNCHES_PROCESSES = {"trainer/ddp_cpu.yaml"}
 # Entry configs with a mandatory checkpoint (`ckpt_path: ???`); their own tests run them.
 NEEDS_CKPT = {"eval.yaml", "export.yaml", "predict.yaml"}
+# Entry configs that train nothing; tests/test_shards.py runs prepare.yaml.
+NOT_TRAINING = {"prepare.yaml"}
 # Configs that select a Hydra plugin from an extra ([sweep], [cluster]): skipped without it.
 NEEDS_PLUGIN = {
     "hparams_search/optuna.yaml": "hydra_plugins.hydra_optuna_sweeper",
@@ -73,6 +75,8 @@ def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
     overrides = [] if len(parts) == 1 or group in ("hydra", "paths") else [f"{group}={option}"]
     if f"{primary}.yaml" in NEEDS_CKPT:
         overrides.append("ckpt_path=some.ckpt")
+    if primary == "prepare":
+        overrides.append(f"output_dir={tmp_path}/shards")
     overrides += [f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run", *extra]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(primary, overrides=overrides, return_hydra_config=parts[0] == "hydra")
@@ -138,7 +142,9 @@ def test_config_composes_and_instantiates(rel: str, tmp_path: Path) -> None:
 
 
 SMOKE = [
-    f for f in CONFIG_FILES if f.split("/")[0] not in ("hydra", "paths") and f not in NEEDS_CKPT
+    f
+    for f in CONFIG_FILES
+    if f.split("/")[0] not in ("hydra", "paths") and f not in NEEDS_CKPT | NOT_TRAINING
 ]
 
 

@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.data.augment import PadCropFlip, augment_training_batch
 from fasttrain.data.batches import Batched, device_loader
-from fasttrain.data.images import ImageDataModule, Images, pillow, stratified_split
+from fasttrain.data.images import ImageDataModule, Images, pillow, shuffled, stratified_split
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MD5 = "c58f30108f718f92721af3b95e74349a"  # published with the archive
@@ -144,10 +144,10 @@ class Cifar10DataModule(ImageDataModule):
         """(format, PNG bytes, label) of each image of `split` (for shards)."""
         Image = pillow()
         x, y = self.load()[split]
-        for pixels, label in zip(x, y, strict=True):
+        for i in shuffled(len(y), self.seed):  # each shard then holds a mix of classes
             buffer = io.BytesIO()
-            Image.fromarray(pixels).save(buffer, format="PNG")
-            yield "png", buffer.getvalue(), int(label)
+            Image.fromarray(x[i]).save(buffer, format="PNG")
+            yield "png", buffer.getvalue(), int(y[i])
 
 
 def _check_on_device(on_device: Any, images: dict[str, Any]) -> None:

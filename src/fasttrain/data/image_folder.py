@@ -24,6 +24,7 @@ from fasttrain.data.images import (
     Images,
     open_image,
     pillow,
+    shuffled,
     stratified_split,
 )
 
@@ -110,8 +111,11 @@ class ImageFolderDataModule(ImageDataModule):
         }
 
     def encoded(self, split: str) -> Iterator[tuple[str, bytes, int]]:
-        """(format, file bytes, label) of each image of `split`, as stored (for shards)."""
-        for file, label in self.parts[split]:
+        """(format, file bytes, label) of each image of `split` as stored, in an order shuffled
+        by `seed` (for shards: each then holds a mix of classes)."""
+        files = self.parts[split]
+        for i in shuffled(len(files), self.seed):
+            file, label = files[i]
             yield file.suffix.lower().lstrip("."), file.read_bytes(), label
 
 

@@ -327,3 +327,8 @@ def stratified_split(
         parts[0] += order[start:]
         seen += len(order)
     return [sorted(p) for p in parts]
+
+
+def shuffled(n: int, seed: int) -> list[int]:
+    """0..n-1 in an order fixed by `seed`."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()

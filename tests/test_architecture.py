@@ -17,10 +17,10 @@ from conftest import REPO, run_cli
 
 PACKAGE = REPO / "src" / "fasttrain"
 # `python -m fasttrain.<name>` keeps working through these (public commands); each is thin.
-THIN = {"train.py", "evaluate.py", "export.py", "predict.py", "doctor.py"}
+THIN = {"train.py", "evaluate.py", "export.py", "predict.py", "doctor.py", "prepare.py"}
 # Top to bottom; a module imports only from its own entry or from entries further down.
 LAYERS = [
-    {"train", "evaluate", "export", "predict", "doctor"},
+    {"train", "evaluate", "export", "predict", "doctor", "prepare"},
     {"cli"},
     {"tasks"},
     {"assemble", "fit"},

@@ -4,6 +4,7 @@
     evaluate  a checkpoint's test metrics
     export    a checkpoint -> ONNX, TorchScript, int8 and fp16 files, each read back and checked
     predict   a checkpoint's classes and probabilities for the test split or an .npy file
+    prepare   a data set's splits as WebDataset shards (data=shards streams them)
 
 fasttrain.cli runs them (command-line check, Hydra, exit codes); tests call them with a composed
 config. torch and Lightning load inside the tasks, so `--help` stays fast.
@@ -135,6 +136,35 @@ def predict(cfg: Any) -> Path:
     )
     Console(soft_wrap=True).print(f"[bold]predictions[/] {out} ({shown}; index = row of {rows})")
     return out
+
+
+def prepare(cfg: Any) -> dict[str, Any]:
+    """python -m fasttrain.prepare data=... output_dir=SHARDS: the data module's train, val and
+    test splits as WebDataset shards (fasttrain.data.shards), for data=shards."""
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    from fasttrain.assemble import build
+    from fasttrain.config.schema import validate
+    from fasttrain.data.shards import write_shards
+
+    if OmegaConf.is_missing(cfg, "output_dir") or not cfg.output_dir:
+        raise UserError(
+            "output_dir is required: python -m fasttrain.prepare data=... output_dir=DIR"
+        )
+    validate(cfg, entry="prepare")  # also here: tests call the task directly
+    datamodule = build(cfg.data, "data")
+    if not hasattr(datamodule, "encoded"):
+        raise UserError(f"data: {cfg.data._target_} holds no image files to write as shards; "
+                        "prepare takes data=image_folder or data=cifar10")  # fmt: skip
+    meta = write_shards(datamodule, Path(cfg.output_dir), int(cfg.shard_size))
+    counts = ", ".join(f"{s} {sum(v['counts'])} in {len(v['shards'])}"
+                       for s, v in meta["splits"].items())  # fmt: skip
+    Console(soft_wrap=True).print(
+        f"[bold]shards[/] {cfg.output_dir} ({counts}); train with: python train.py data=shards "
+        f"data.path={cfg.output_dir} data.num_classes={len(meta['class_names'])}"
+    )
+    return meta
 
 
 def check_settings(cfg: Any, entry: str) -> None:

@@ -208,10 +208,23 @@ def predict(
     check_output_dir(output_dir)
 
 
+def prepare(
+    task_name: str, run_name: str, seed: int, output_dir: str, shard_size: int = 1000
+) -> None:
+    run(task_name, run_name, seed)
+    check_output_dir(output_dir)
+    if shard_size < 1:
+        raise ConfigError("shard_size", shard_size, "expected an int >= 1 (samples per shard)")
+    out = Path(output_dir).expanduser()
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError("output_dir", output_dir, "exists and is not empty; choose a new folder")
+
+
 # config name (conf/<name>.yaml) -> its top-level keys
 ENTRIES: dict[str, Callable[..., None]] = {
     "train": train,
     "eval": evaluate,
     "export": export,
     "predict": predict,
+    "prepare": prepare,
 }

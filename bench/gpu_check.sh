@@ -66,6 +66,10 @@ bench_rc=$?
 # loop (A), lean Lightning (B) and a typical template (L), tiny MLP, where host work shows most.
 $PY bench/overhead.py --device cuda --cases tiny_mlp --reps 3 --json "$OUT/overhead_gpu.json" \
   | tee "$OUT/overhead_gpu.md" || bench_rc=1
+# Images from files (~30 s): ResNet-18 on fake CIFAR-10 files through data=cifar10's loader,
+# the data-wait share with uint8 batches normalised on the device vs float32 from the host.
+$PY bench/data_loading.py --device cuda --json "$OUT/data_loading_gpu.json" \
+  | tee "$OUT/data_loading_gpu.md" || bench_rc=1
 
 echo
 cat "$OUT/gpu_results.md"

@@ -268,3 +268,36 @@ def test_cli_refuses_a_bad_folder_with_exit_2_and_writes_nothing(tmp_path: Path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().count("\n") == 0 and "1 class folder (cat)" in proc.stderr
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_uint8_batches_cross_pinned_and_are_normalised_on_the_gpu(tmp_path: Path) -> None:
+    root = write_image_folder(tmp_path / "imgs", per_class=6)
+    dm = folder_module(root, pin_memory=True, num_workers=1, mean=MEAN, std=STD)
+    dm.setup()
+    x, _ = next(iter(dm.train_dataloader()))
+    assert x.dtype == torch.uint8 and x.is_pinned()  # a quarter of float32's bytes, async copy
+    net = SmallCNN([3, 16, 16], 3, channels=[4]).cuda().eval()
+    model = Classifier(net, None, 3, input_mean=MEAN, input_std=STD).cuda().eval()
+    mean, std = dm.input_statistics()
+    with torch.no_grad():
+        on_device = model(x.cuda(non_blocking=True))
+        host = net(((x.float() - mean) / std).cuda())
+    assert torch.allclose(on_device, host, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_image_folder_trains_on_the_gpu_with_the_checkpoint_normalising(tmp_path: Path) -> None:
+    from fasttrain.tasks import evaluate, train
+
+    root = write_image_folder(tmp_path / "imgs", per_class=10)
+    cfg = compose_task("train", tmp_path, f"data.path={root}", *IMAGE_RUN, "trainer=gpu",
+                       "data.device_prefetch=true", "data.pin_memory=true")  # fmt: skip
+    metrics = train(cfg)
+    assert 0.0 <= metrics["test/acc"] <= 1.0
+    (ckpt,) = (tmp_path / "train").rglob("*.ckpt")
+    again = evaluate(compose_task("eval", tmp_path, f"ckpt_path='{ckpt}'", "data=image_folder",
+                                  "data.num_workers=0"))  # fmt: skip
+    assert again["test/acc"] == pytest.approx(metrics["test/acc"])

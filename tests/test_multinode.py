@@ -1,0 +1,74 @@
+"""More than one machine, on this one: two "nodes" of one CPU process each, started as two
+torchrun processes with a c10d rendezvous on 127.0.0.1, train from shards into one run folder
+and reach the same final loss as a 2-process single-node run (trainer=ddp_cpu)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("webdataset", reason="shards need WebDataset: pip install -e '.[data]'")
+pytest.importorskip("PIL", reason="shards need Pillow: pip install -e '.[data]'")
+from conftest import REPO, final_metrics, run_cli, run_dirs
+from fake_data import write_image_folder
+from fasttrain.data.image_folder import ImageFolderDataModule
+from fasttrain.data.shards import write_shards
+
+RUN = ["train.py", "data=shards", "data.num_classes=3", "data.image_size=[16,16]",
+       "data.num_workers=0", "data.batch_size=4", "model.net.channels=[8]", "trainer.max_epochs=2",
+       "logger=none", "model.scheduler=null", "callbacks=none"]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_train_like_one_node_with_two_processes(tmp_path: Path) -> None:
+    root = write_image_folder(tmp_path / "imgs", per_class=12)
+    source = ImageFolderDataModule(str(root), 3, [3, 16, 16], image_size=[16, 16], num_workers=0)
+    write_shards(source, tmp_path / "shards", shard_size=2)  # several per process, every split
+    run = [*RUN, f"data.path={tmp_path}/shards"]
+
+    port, logs = free_port(), tmp_path / "logs"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=two_nodes",
+    ]
+    node_run = [*run, "trainer=ddp_cpu", "trainer.devices=1", "++trainer.num_nodes=2",
+                "run_name=two_nodes", f"paths.log_dir={logs}"]  # fmt: skip
+    nodes = [start(torchrun + node_run, env) for _ in range(2)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    (two_nodes,) = run_dirs(logs)  # one run folder for both nodes
+    assert two_nodes.name == "two_nodes"
+
+    proc = run_cli([*run, "trainer=ddp_cpu", "trainer.devices=2", "run_name=one_node"], logs,
+                   timeout=600, OMP_NUM_THREADS="1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = final_metrics(two_nodes), final_metrics(logs / "train" / "one_node")
+    assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-6)
+    assert a["val/loss"] == pytest.approx(b["val/loss"], rel=1e-5, abs=1e-6)
+    assert sorted(p.name for p in (two_nodes / "checkpoints").iterdir()) == sorted(
+        p.name for p in (logs / "train" / "one_node" / "checkpoints").iterdir()
+    )

@@ -203,9 +203,11 @@ class Classifier(L.LightningModule):
         self._train_samples = 0
 
     def on_train_epoch_end(self) -> None:
-        # One sync per epoch: the sums of every rank, then the epoch's means.
-        count = self._train_sums.new_tensor([self._train_samples])
-        totals = self.trainer.strategy.reduce(torch.cat((self._train_sums, count)), reduce_op="sum")
+        # One sync per epoch: the sums of every process (DDP), then the epoch's means. One
+        # process (DataParallel included, whose reduce would average the three values) has them.
+        totals = torch.cat((self._train_sums, self._train_sums.new_tensor([self._train_samples])))
+        if self.trainer.world_size > 1:
+            totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
         loss, acc = totals[0] / totals[2].clamp(min=1), totals[1] / totals[2].clamp(min=1)
         self.log("train/loss_epoch", loss)
         self.log("train/acc", acc)

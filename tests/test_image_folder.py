@@ -301,3 +301,16 @@ def test_image_folder_trains_on_the_gpu_with_the_checkpoint_normalising(tmp_path
     again = evaluate(compose_task("eval", tmp_path, f"ckpt_path='{ckpt}'", "data=image_folder",
                                   "data.num_workers=0"))  # fmt: skip
     assert again["test/acc"] == pytest.approx(metrics["test/acc"])
+
+
+@pytest.mark.slow
+def test_data_loading_benchmark_still_runs() -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, "bench/data_loading.py", "--smoke"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"decode_ceiling"' in proc.stdout and '"data_wait_share"' in proc.stdout

@@ -196,7 +196,9 @@ def _writers(loggers: Sequence[Logger]) -> list[Any]:
     # reads the sessions back, so a change there fails loudly).
     tb = [lg for lg in loggers if isinstance(lg, TensorBoardLogger)]
     writers = [lg.experiment for lg in tb]
-    return [w._get_file_writer() for w in writers if hasattr(w, "_get_file_writer")]
+    # On ranks > 0 `experiment` is Lightning's dummy, whose every method returns None.
+    files = [w._get_file_writer() for w in writers if hasattr(w, "_get_file_writer")]
+    return [f for f in files if f is not None]
 
 
 def start_session(loggers: Sequence[Logger], hparams: Mapping[str, Value], trial: str) -> None:

@@ -209,11 +209,12 @@ class Classifier(L.LightningModule):
         if self.trainer.world_size > 1:
             totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
         loss, acc = totals[0] / totals[2].clamp(min=1), totals[1] / totals[2].clamp(min=1)
-        self.log("train/loss_epoch", loss)
-        self.log("train/acc", acc)
+        # Already reduced: equal on every rank (sync_dist only keeps Lightning from warning).
+        self.log("train/loss_epoch", loss, sync_dist=True)
+        self.log("train/acc", acc, sync_dist=True)
         self._log_at_steps_completed()
         # For callbacks that monitor train/loss (EarlyStopping, ModelCheckpoint), not logged twice.
-        self.log("train/loss", loss, logger=False)
+        self.log("train/loss", loss, logger=False, sync_dist=True)
         self.progress["train/loss"] = float(loss)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -231,7 +232,7 @@ class Classifier(L.LightningModule):
         # Lightning writes epoch-end and validation values at x = its count of stepped batches
         # before the current one is added (4 after 5 optimizer steps); a logged "step" is the x
         # it uses instead: the optimizer steps completed, as every other scalar.
-        self.log("step", float(self.trainer.global_step))
+        self.log("step", float(self.trainer.global_step), sync_dist=True)  # equal on every rank
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss, logits, y = self._shared_step(batch)

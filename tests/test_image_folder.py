@@ -180,6 +180,7 @@ def test_predict_names_classes_and_matches_the_host_reference(image_run, tmp_pat
     assert {"prob_cat", "prob_dog", "prob_fish"} <= set(rows[0])
 
 
+@pytest.mark.slow  # ~15 s: evaluate, then a TorchScript export checked on the test split
 def test_export_takes_raw_pixels(image_run, tmp_path: Path) -> None:
     from fasttrain.tasks import evaluate, export
 

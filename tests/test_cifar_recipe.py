@@ -162,7 +162,8 @@ def test_a_one_step_onecycle_warmup_is_refused_in_one_line(tmp_path: Path) -> No
         "+trainer.enable_checkpointing=false", quick=False,
     )  # fmt: skip
     trainer, model, datamodule = build_run(cfg)
-    with pytest.raises(UserError, match=r"model.scheduler.pct_start=0.25: .* 4 optimizer steps"):
+    says = r"model.scheduler.pct_start=0.25: .* exactly 1 of the run.s 4 optimizer steps"
+    with pytest.raises(UserError, match=says):
         trainer.fit(model, datamodule=datamodule)
 
 

@@ -397,11 +397,11 @@ def _check_warmup(factory: SchedulerFactory, length: dict[str, int]) -> None:
     if getattr(factory, "func", None) is not torch.optim.lr_scheduler.OneCycleLR or not total:
         return
     pct = keywords.get("pct_start", 0.3)
-    if float(pct * total) - 1 <= 0:
+    if float(pct * total) - 1 == 0:  # torch's own arithmetic: its warm-up phase ends at step 0
         raise UserError(
-            f"model.scheduler.pct_start={pct}: the one-cycle warm-up would be "
-            f"{pct * total:g} of the run's {total} optimizer steps; torch's OneCycleLR needs "
-            "more than one: a longer run (trainer.max_steps, trainer.max_epochs) or a larger "
+            f"model.scheduler.pct_start={pct}: the one-cycle warm-up would be exactly 1 of the "
+            f"run's {total} optimizer steps, which torch's OneCycleLR divides by zero on; "
+            "another run length (trainer.max_steps, trainer.max_epochs) or "
             "model.scheduler.pct_start"
         )
 

@@ -127,8 +127,11 @@ def test_every_top_level_entry_has_a_layer() -> None:
     ("command", "typo", "meant"),
     [
         (["train.py"], "seedd=1", "seed"),
-        (["-m", "fasttrain.evaluate", "ckpt_path=x.ckpt"], "sede=1", "seed"),
-        (["-m", "fasttrain.export", "ckpt_path=x.ckpt"], "formt=onnx", "format"),
+        # tens of seconds each on 2 cores: CI runs them in make test-slow
+        pytest.param(["-m", "fasttrain.evaluate", "ckpt_path=x.ckpt"], "sede=1", "seed",
+                     marks=pytest.mark.slow),
+        pytest.param(["-m", "fasttrain.export", "ckpt_path=x.ckpt"], "formt=onnx", "format",
+                     marks=pytest.mark.slow),
         (["-m", "fasttrain.predict", "ckpt_path=x.ckpt"], "inptu=x.npy", "input"),
     ],
 )

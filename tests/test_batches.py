@@ -101,6 +101,7 @@ def test_bad_on_device_values_are_named(kwargs: dict, message: str) -> None:
         DigitsDataModule(**kwargs)
 
 
+@pytest.mark.slow  # a process start (~10 s); the check itself: test_bad_on_device_values_are_named
 def test_on_device_with_workers_fails_in_one_line_before_anything_is_written(
     tmp_path: Path,
 ) -> None:

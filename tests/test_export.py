@@ -247,7 +247,11 @@ def test_a_net_for_other_data_is_named(ckpt: Path, tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["ckpt_path=missing.ckpt"], "error: ckpt_path=missing.ckpt: no such file"),
-        (["ckpt_path=CKPT", "format=tflite"], "error: format='tflite': expected one of onnx, "),
+        pytest.param(
+            ["ckpt_path=CKPT", "format=tflite"],
+            "error: format='tflite': expected one of onnx, ",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["missing", "unknown-format"],
 )

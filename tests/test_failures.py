@@ -49,7 +49,9 @@ def test_nan_with_guard_raise_leaves_last_good_checkpoint(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    "rank", [1, pytest.param(0, marks=pytest.mark.slow)], ids=["rank1_raises", "rank0_raises"]
+    "rank",
+    [pytest.param(1, marks=pytest.mark.slow), pytest.param(0, marks=pytest.mark.slow)],
+    ids=["rank1_raises", "rank0_raises"],
 )
 def test_ddp_cpu_failing_rank_ends_the_job(rank: int, tmp_path: Path) -> None:
     """One of two DDP processes raises at step 3; the other would wait in its next all-reduce.

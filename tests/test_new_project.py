@@ -88,6 +88,7 @@ def test_make_new_project_renames_everything(project: Path) -> None:
     check_renamed(project, NEW)
 
 
+@pytest.mark.slow  # ~15 s: CI runs it in make test-slow
 def test_new_project_runs_its_own_tests(project: Path) -> None:
     # A quick subset here (imports, config composition, one instantiation); all of them: slow.
     quick = "every_config_file or interpolates or (instantiates and train.yaml)"

@@ -176,6 +176,7 @@ def test_prepare_refuses_a_full_output_dir_and_fewer_shards_than_ranks(tmp_path:
         dm.train_dataloader()
 
 
+@pytest.mark.slow  # a process start (~10 s): CI runs it in make test-slow
 def test_cli_prepare_into_a_full_folder_is_exit_2_and_writes_nothing(tmp_path: Path) -> None:
     from conftest import run_cli
 

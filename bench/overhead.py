@@ -16,7 +16,7 @@ In one process, single-threaded (torch.set_num_threads(1)), same net, data, seed
      (torchmetrics) on every step with on_epoch=True and prog_bar=True, a rich progress bar
      updated every step (its defaults), a ModelCheckpoint monitoring val/acc (+ last),
      EarlyStopping, a model summary and a TensorBoard logger
-interleaved A B C D L A B C D L ... so drift on the machine hits all alike. Per-step time is
+interleaved A B C D L, B C D L A, ... so drift on the machine and the order hit all alike. Per-step time is
 taken inside each run over the same window of steps (after warm-up), data loading included.
 
 Optimizer, the same for every variant: AdamW(lr=1e-3, weight_decay=0.01, fused=True), the
@@ -292,6 +292,11 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def rotated(items: list[str], shift: int) -> list[str]:
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
 def run_variant(variant: str, case: dict, net0, steps: int, timer: StepTimer, out: Path) -> float:
     if variant == "A":
         return run_a(case, net0, steps, timer)
@@ -318,7 +323,9 @@ def bench_steps(reps: int, warmup: int, measured: int, out: Path) -> dict[str, A
         cpu_times: dict[str, list[float]] = {k: [] for k in variants}
         losses: dict[str, float] = {}
         for rep in range(reps):
-            for variant in variants:
+            # Each repetition starts at another variant: a position effect (the first run in a
+            # process is slower) then hits every variant alike.
+            for variant in rotated(variants, rep):
                 timer = StepTimer(warmup, measured)
                 run_dir = out / f"{name}_{variant}_{rep}"
                 losses[variant] = run_variant(variant, case, net0, steps, timer, run_dir)
@@ -447,14 +454,14 @@ def callback_costs(reps: int, warmup: int, measured: int, out: Path) -> dict[str
     import torch
 
     torch.set_num_threads(1)
-    case = CASES["tiny_mlp"]
+    case = next(iter(CASES.values()))  # the first of --cases: tiny_mlp by default
     names = [n for n, c in compose_default(case, 1, out, True).callbacks.items() if c is not None]
     drops = ["", *names, "model_summary"]
     L.seed_everything(0, verbose=False)
     net0 = make_net(case)
     times: dict[str, list[float]] = {d: [] for d in drops}
     for rep in range(reps):
-        for drop in drops:
+        for drop in rotated(drops, rep * 3):
             timer = StepTimer(warmup, measured)
             run_c(case, net0, warmup + measured, timer, out / f"cb_{drop}_{rep}", True, drop)
             times[drop].append(timer.us_per_step)

@@ -16,8 +16,9 @@ In one process, single-threaded (torch.set_num_threads(1)), same net, data, seed
      (torchmetrics) on every step with on_epoch=True and prog_bar=True, a rich progress bar
      updated every step (its defaults), a ModelCheckpoint monitoring val/acc (+ last),
      EarlyStopping, a model summary and a TensorBoard logger
-interleaved A B C D L, B C D L A, ... so drift on the machine and the order hit all alike. Per-step time is
-taken inside each run over the same window of steps (after warm-up), data loading included.
+interleaved A B C D L, B C D L A, ... so drift on the machine and the order hit all alike.
+Per-step time is taken inside each run over the same window of steps (after warm-up), data
+loading included.
 
 Optimizer, the same for every variant: AdamW(lr=1e-3, weight_decay=0.01, fused=True), the
 default's kind (conf/model/optimizer/adamw.yaml).

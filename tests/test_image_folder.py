@@ -315,3 +315,21 @@ def test_data_loading_benchmark_still_runs() -> None:
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert '"decode_ceiling"' in proc.stdout and '"data_wait_share"' in proc.stdout
+
+
+@pytest.mark.slow  # a training process with a loader worker (~15 s)
+def test_cli_names_an_image_that_fails_to_decode_in_a_worker_in_one_line(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    root = write_image_folder(tmp_path / "imgs", per_class=4)
+    file = root / "cat" / "cat_001.png"
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) * 2 // 3])  # header intact: found only when decoded
+    proc = run_cli(["train.py", "data=image_folder", f"data.path={root}", "data.num_classes=3",
+                    "data.num_workers=1", "data.image_size=[16,16]", "trainer.max_epochs=1",
+                    "model=cnn", "run_name=bad"], tmp_path / "logs")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: data.path: ") and "cat_001.png is not a readable image" in last
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "logs" / "train" / "bad").exists()  # the run took back what it wrote

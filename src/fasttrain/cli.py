@@ -101,8 +101,19 @@ def run_task(task: Callable[..., T], *args: Any, undo: Callable[[], None] | None
             undo()
         if show_tracebacks():
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+
+
+def one_line(err: UserError) -> str:
+    """The error's message; for one raised in a DataLoader worker process (an image that fails
+    to decode), torch re-raises it as "Caught UserError in DataLoader worker process 0.
+    Original Traceback ...": the original message is its last line, after the type's name."""
+    text = str(err)
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        last = text.rstrip().splitlines()[-1]
+        return last.split(f"{type(err).__name__}: ", 1)[-1]
+    return text
 
 
 def first_process() -> bool:

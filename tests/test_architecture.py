@@ -128,11 +128,24 @@ def test_every_top_level_entry_has_a_layer() -> None:
     [
         (["train.py"], "seedd=1", "seed"),
         # tens of seconds each on 2 cores: CI runs them in make test-slow
-        pytest.param(["-m", "fasttrain.evaluate", "ckpt_path=x.ckpt"], "sede=1", "seed",
-                     marks=pytest.mark.slow),
-        pytest.param(["-m", "fasttrain.export", "ckpt_path=x.ckpt"], "formt=onnx", "format",
-                     marks=pytest.mark.slow),
-        (["-m", "fasttrain.predict", "ckpt_path=x.ckpt"], "inptu=x.npy", "input"),
+        pytest.param(
+            ["-m", "fasttrain.evaluate", "ckpt_path=x.ckpt"],
+            "sede=1",
+            "seed",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["-m", "fasttrain.export", "ckpt_path=x.ckpt"],
+            "formt=onnx",
+            "format",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["-m", "fasttrain.predict", "ckpt_path=x.ckpt"],
+            "inptu=x.npy",
+            "input",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_entry_points_share_bad_input_behaviour(

@@ -35,7 +35,8 @@ SLOW = pytest.mark.slow  # tens of seconds each: CI runs them in make test-slow
 
 
 @pytest.mark.parametrize(
-    "command", ["evaluate", pytest.param("predict", marks=SLOW), pytest.param("export", marks=SLOW)]
+    "command",
+    [pytest.param(c, marks=SLOW) for c in ("evaluate", "predict", "export")],
 )
 def test_old_checkpoint_loads_in_checkpoint_commands(
     command: str, old_ckpt: Path, tmp_path: Path

@@ -37,6 +37,7 @@ def test_doctor_table_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert re.search(rf"num_workers \(auto\)\s+│ {resolve_num_workers('auto')}\b", out)
 
 
+@pytest.mark.slow  # a process start (~10 s): CI runs it in make test-slow
 def test_doctor_json_as_a_command() -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a CPU run, even on a GPU machine
     res = subprocess.run(

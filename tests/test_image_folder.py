@@ -261,6 +261,7 @@ def test_a_truncated_image_is_named_when_it_is_decoded(tmp_path: Path) -> None:
             list(dm.splits[split])
 
 
+@pytest.mark.slow  # a process start (~10 s); in process: test_bad_folders_are_one_line_...
 def test_cli_refuses_a_bad_folder_with_exit_2_and_writes_nothing(tmp_path: Path) -> None:
     from conftest import run_cli
 

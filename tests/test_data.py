@@ -103,3 +103,25 @@ def test_digits_rejects_too_few_classes() -> None:
     with pytest.raises(ConfigError) as err:
         DigitsDataModule(num_classes=5)  # labels go up to 9: checked when built, before any run
     assert err.value.arg == "num_classes"
+
+
+@pytest.mark.slow  # a process start (~10 s): CI runs it in make test-slow
+def test_a_process_exits_while_a_loader_worker_is_still_serving(tmp_path) -> None:
+    """Workers ignore SIGTERM (fasttrain.fit saves last.ckpt on it); multiprocessing stops
+    daemonic children at exit with SIGTERM and then joins them, so an iterator left open (an
+    error mid-epoch) made the interpreter wait forever at exit."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "open_iterator.py"
+    script.write_text(
+        "from fasttrain.data import DigitsDataModule\n"
+        "dm = DigitsDataModule(batch_size=16, num_workers=1, persistent_workers=True)\n"
+        "dm.setup('fit')\n"
+        "it = iter(dm.train_dataloader())\n"
+        "next(it)\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

@@ -3,7 +3,9 @@ from host memory or from the accelerator's."""
 
 from __future__ import annotations
 
+import atexit
 import functools
+import multiprocessing
 import os
 import signal
 from collections.abc import Callable
@@ -62,7 +64,25 @@ def worker_init(rank: int) -> Callable[[int], None]:
     `worker_init_fn` only where none is set, so that seeding is kept here.
     """
     seed = bool(int(os.environ.get("PL_SEED_WORKERS", 0)))  # as Lightning decides it
+    _kill_workers_at_exit()
     return functools.partial(_start_worker, rank=rank, seed=seed)
+
+
+@functools.cache  # registered once per process
+def _kill_workers_at_exit() -> None:
+    """At interpreter exit multiprocessing stops daemonic children with SIGTERM, then joins
+    them: a worker ignoring SIGTERM (above) whose loader was still iterating (an error
+    mid-epoch, an iterator left open) made the exit wait forever. atexit runs this first
+    (registered after multiprocessing's own hook): such workers are killed outright."""
+    atexit.register(_kill_daemonic_children)
+
+
+def _kill_daemonic_children() -> None:
+    # torch's SIGCHLD handler would report each killed worker as a failure of the loader.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 def _start_worker(worker_id: int, rank: int, seed: bool) -> None:

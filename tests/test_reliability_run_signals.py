@@ -115,7 +115,8 @@ def test_callbacks_none_sigterm_gives_a_command_that_resumes(tmp_path: Path) -> 
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                            env=user_env(PYTHONPATH=TESTS_DIR))  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"Restored all states from the checkpoint at {saved}" in again.stderr
+    # (the path as resume=auto found it: absolute)
+    assert f"Restored all states from the checkpoint at {tmp_path / saved}" in again.stderr
     # ran on to the end (Lightning's own callback names its checkpoints epoch=..-step=..)
     assert max(last_step(p) for p in (tmp_path / saved).parent.glob("*.ckpt")) == 8
 

@@ -36,10 +36,12 @@ from fasttrain.models.spec import plain
 
 
 class _NoAdverts(logging.Filter):
-    """Drops Lightning's "Tip: ... try installing litlogger" line, printed on every run."""
+    """Drops Lightning's "Tip: ... try installing litlogger" line, printed on every run, and its
+    litmodels one, printed when Lightning adds its own checkpoint callback (callbacks=none)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "litlogger" not in record.getMessage()
+        message = record.getMessage()
+        return "litlogger" not in message and "litmodels" not in message
 
 
 # Lightning logs through these (rank_zero_info); a filter is logging's public way to drop one line.

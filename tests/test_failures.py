@@ -28,6 +28,7 @@ def inject(mode: str, at_step: int, rank: int | None = None) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # 10-15 s of processes: CI runs it in make test-slow
 def test_nan_with_guard_raise_leaves_last_good_checkpoint(tmp_path: Path) -> None:
     # last.ckpt every 3 steps; a NaN gradient at step 7: the guard stops the run before the
     # optimizer applies it, and the newest checkpoint (step 6) holds only finite weights.

@@ -42,6 +42,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # 10-15 s of processes: CI runs it in make test-slow
 def test_cli_predicts_the_test_split(mlp_ckpt: Path, test_split, tmp_path: Path) -> None:
     x, y, logits = test_split
     proc = run_cli(["-m", "fasttrain.predict", f"ckpt_path={mlp_ckpt}", "data.num_workers=0"],

@@ -43,6 +43,7 @@ def best_checkpoint(run: Path) -> Path:
     return best
 
 
+@pytest.mark.slow  # 10-15 s of processes: CI runs it in make test-slow
 def test_run_log_holds_lightnings_lines_once(trained) -> None:
     launch, proc = trained
     log = (launch / "logs" / "train" / "R" / "train.log").read_text()
@@ -107,6 +108,7 @@ def test_fewer_max_epochs_than_done_is_one_line(run: Path, monkeypatch, capsys) 
     assert contents(run.parents[2]) == before
 
 
+@pytest.mark.slow  # 10-15 s of processes: CI runs it in make test-slow
 def test_resume_never_keeps_the_old_run_beside_the_new_one(run: Path) -> None:
     launch = run.parents[2]
     old = contents(run)
@@ -126,6 +128,7 @@ def test_resume_never_keeps_the_old_run_beside_the_new_one(run: Path) -> None:
     assert "resume=never" in (run / "train.log").read_text()
 
 
+@pytest.mark.slow  # 10-15 s of processes: CI runs it in make test-slow
 def test_evaluate_as_written_from_the_launch_folder(trained) -> None:
     """Another entry point through the same skeleton (check, claim, Hydra): its run lands under
     the launch folder's logs/eval/, with its log."""

@@ -214,6 +214,7 @@ def test_hparams_one_typed_session_per_run(server: str) -> None:
         assert 0 <= values["final/test/acc"] <= 1 and values["final/perf/samples_per_sec"] > 0
 
 
+@pytest.mark.slow  # 10-15 s of processes: CI runs it in make test-slow
 def test_printed_commands_work_as_printed(log_dir: Path) -> None:
     lines = {ln.split(maxsplit=1)[0]: ln.split(maxsplit=1)[1] for ln in PRINTED[0].splitlines()
              if ln.startswith(("evaluate ", "export ", "resume ", "TensorBoard "))}  # fmt: skip

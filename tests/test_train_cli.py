@@ -67,6 +67,7 @@ def test_checkpoint_loads_with_weights_only(default_run: Path) -> None:
     assert net["input_shape"] == [1, 8, 8] and net["num_classes"] == 10
 
 
+@pytest.mark.slow  # 10-15 s of processes: CI runs it in make test-slow
 def test_evaluate_reproduces_test_metrics(default_run: Path, tmp_path: Path) -> None:
     best = final_metrics_checkpoint(default_run)
     proc = run_cli(["-m", "fasttrain.evaluate", f"ckpt_path={best}"], tmp_path)

@@ -55,6 +55,15 @@ def resolve_pin_memory(pin_memory: bool | Auto) -> bool:
     return pin_memory
 
 
+def check_fractions(val_fraction: float, test_fraction: float) -> None:
+    """The held-out shares of a split: each in (0, 1), together below 1."""
+    for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not 0.0 < frac < 1.0:
+            raise ConfigError(name, frac, "expected a fraction strictly between 0 and 1")
+    if val_fraction + test_fraction >= 1.0:
+        raise ConfigError("val_fraction", val_fraction, "val_fraction + test_fraction must be < 1")
+
+
 def worker_init(rank: int) -> Callable[[int], None]:
     """Each loader worker's start: leave SIGTERM and Ctrl-C to the training process.
 
@@ -141,13 +150,7 @@ class TensorDataModule(L.LightningDataModule):
             raise ConfigError("num_workers", num_workers, "expected an int >= 0 or 'auto'")
         if prefetch_factor is not None and prefetch_factor < 1:
             raise ConfigError("prefetch_factor", prefetch_factor, "expected an int >= 1 or null")
-        for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            if not 0.0 < frac < 1.0:
-                raise ConfigError(name, frac, "expected a fraction strictly between 0 and 1")
-        if val_fraction + test_fraction >= 1.0:
-            raise ConfigError(
-                "val_fraction", val_fraction, "val_fraction + test_fraction must be < 1"
-            )
+        check_fractions(val_fraction, test_fraction)
         self.batch_size = batch_size
         self.num_workers = 0 if num_workers == "auto" else num_workers
         self.on_device = on_device

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.data.base import check_fractions
 from fasttrain.data.images import (
     IMAGE_SUFFIXES,
     ImageDataModule,
@@ -58,13 +59,7 @@ class ImageFolderDataModule(ImageDataModule):
         **images: Any,
     ) -> None:
         super().__init__(num_classes, input_shape, **images)
-        for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            if not 0.0 < frac < 1.0:
-                raise ConfigError(name, frac, "expected a fraction strictly between 0 and 1")
-        if val_fraction + test_fraction >= 1.0:
-            raise ConfigError(
-                "val_fraction", val_fraction, "val_fraction + test_fraction must be < 1"
-            )
+        check_fractions(val_fraction, test_fraction)
         self.path = Path(path)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.class_names, self.files = scan(self.path, classes)

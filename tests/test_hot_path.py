@@ -191,3 +191,105 @@ def test_no_sync_on_cuda_steps_that_do_not_log(on_device: bool, tmp_path: Path) 
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert watch.quiet_steps >= 50
+
+
+class CallsPerStep(L.Callback):
+    """Python function calls (and builtin calls) of the main thread from one training batch's
+    start to the next one's, for steady-state batches that neither log nor end the epoch."""
+
+    def __init__(self, first: int) -> None:
+        self.first, self.counts, self._calls, self._counting = first, [], 0, False
+
+    def _count(self, frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            self._calls += 1
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
+        import sys
+
+        if self._counting:
+            sys.setprofile(None)
+            self.counts.append(self._calls)
+        quiet = i >= self.first and i < trainer.num_training_batches - 1
+        self._counting = quiet and trainer.global_step % trainer.log_every_n_steps not in (0, 1)
+        if self._counting:
+            self._calls = 0
+            sys.setprofile(self._count)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        import sys
+
+        sys.setprofile(None)
+        self._counting = False
+
+
+def test_default_callbacks_add_little_python_work_per_step(tmp_path: Path) -> None:
+    """The default configuration (all its callbacks, logger and progress bar) against the same
+    module under a lean Lightning Trainer (no logger, bar, checkpoint or summary): the Python
+    calls a quiet step adds. Lightning calls every hook of every callback each step, each in a
+    profiler context; before fasttrain.assemble.Trainer skipped the hooks that do nothing (and
+    NoProfiler), the default added ~1,100 calls a step to the lean trainer's ~1,500."""
+    import statistics
+
+    from fasttrain.assemble import build_model
+
+    cfg = compose_train(
+        tmp_path, "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_epochs=1",
+        "data.batch_size=16", "test=false", "data.num_workers=0", quick=False,
+    )  # fmt: skip
+    default = CallsPerStep(first=3)
+    trainer, model, datamodule = build_run(cfg, callbacks=[default])
+    trainer.fit(model, datamodule=datamodule)
+
+    lean = CallsPerStep(first=3)
+    L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[lean],
+        log_every_n_steps=cfg.trainer.log_every_n_steps,
+    ).fit(build_model(cfg.model), datamodule=datamodule)  # fmt: skip
+
+    assert len(default.counts) >= 50 and len(lean.counts) >= 50
+    added = statistics.median(default.counts) - statistics.median(lean.counts)
+    assert added < 250, f"{added} Python calls a step over a lean Trainer"
+
+
+def test_trainer_skips_the_step_hooks_a_callback_does_not_implement() -> None:
+    from fasttrain.assemble import STEP_HOOKS, NoProfiler, Trainer
+
+    calls: list[str] = []
+
+    class OneHook(L.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            calls.append("end")
+
+    class Extended(OneHook):  # a subclass calling super() on a hook its parent left out
+        def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+            super().on_before_backward(trainer, pl_module, loss)
+            calls.append("before_backward")
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    one, extended = OneHook(), Extended()
+    trainer = Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, callbacks=[one, extended])  # fmt: skip
+    assert isinstance(trainer.profiler, NoProfiler)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(6, 2)), 2)
+    trainer.fit(Tiny(), train_dataloaders=data)
+    assert calls.count("end") == 6 and calls.count("before_backward") == 3
+    assert [h for h in STEP_HOOKS if getattr(one, h) is not None] == ["on_train_batch_end"]
+    assert extended.on_before_backward is not None
+    # Lightning's own model summary callback is trimmed too; the classes keep their methods.
+    summary = next(c for c in trainer.callbacks if "ModelSummary" in type(c).__name__)
+    assert all(getattr(summary, h) is None for h in STEP_HOOKS)
+    assert callable(L.Callback.on_train_batch_start) and callable(OneHook.on_before_backward)
+    chosen = Trainer(accelerator="cpu", logger=False, profiler="simple")
+    assert type(chosen.profiler).__name__ == "SimpleProfiler"

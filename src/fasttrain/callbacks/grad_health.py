@@ -78,9 +78,9 @@ class NonFiniteGuard(L.Callback):
     """On a NaN/inf gradient: stop (`action=raise`) or skip that optimizer step (`action=skip`).
 
     The verdict stays on the device: each step computes one fused norm per gradient and keeps
-    the [parameters] "non-finite" flags of the step in a list; the host reads the list only on
-    logging steps (`trainer.log_every_n_steps`), before every checkpoint is written, and at each
-    epoch's and the fit's end. So:
+    the step's [parameters] norms in a list; the host reads their finiteness only on logging
+    steps (`trainer.log_every_n_steps`), before every checkpoint is written, and at each epoch's
+    and the fit's end. So:
     - `raise` may stop up to one logging interval after the bad step, but it names that first
       bad step and parameter, and no checkpoint with weights from that step on is ever written
       (the check runs before every save): `last.ckpt` holds the last finite weights.
@@ -112,27 +112,33 @@ class NonFiniteGuard(L.Callback):
         self.action, self.max_consecutive_skips = action, max_consecutive_skips
         self.skipped = self.consecutive = 0
         self._reported = 0  # skipped steps already warned about
+        # Since the last check: (optimizer step, names of the parameters with a gradient, their
+        # gradients' norms [P] on the device).
+        self._window: list[tuple[int, list[str], torch.Tensor]] = []
+        self._params: list[torch.nn.Parameter] = []
         self._names: list[str] = []
-        # Since the last check: (optimizer step, non-finite flag per parameter [P] on the device).
-        self._window: list[tuple[int, torch.Tensor]] = []
-        self._params: list[tuple[str, torch.nn.Parameter]] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._window, self._reported = [], self.skipped
         # Walked once, not every step (named_parameters visits every submodule each call).
-        self._params = list(pl_module.named_parameters())
+        named = list(pl_module.named_parameters())
+        self._names, self._params = [n for n, _ in named], [p for _, p in named]
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
     ) -> None:
-        named = [(n, p.grad) for n, p in self._params if p.grad is not None]
-        if not named:
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if not grads:
             return
-        self._names = [n for n, _ in named]
+        names = self._names  # a frozen parameter has no gradient: name the others
+        if len(grads) < len(self._params):
+            pairs = zip(self._names, self._params, strict=True)
+            names = [n for n, p in pairs if p.grad is not None]
         # One fused norm per gradient: non-finite iff some entry is (a finite gradient so large
-        # that its norm overflows, |g| > 1e19 in float32, counts too: that step diverges).
-        bad = ~torch.isfinite(torch.stack(torch._foreach_norm([g for _, g in named])))  # [P]
-        self._window.append((trainer.global_step, bad))
+        # that its norm overflows, |g| > 1e19 in float32, counts too: that step diverges). Their
+        # finiteness is computed at the check, for the whole window at once: two kernels a step.
+        norms = torch.stack(torch._foreach_norm(grads))  # [P]
+        self._window.append((trainer.global_step, names, norms))
         if self.action == "skip" and not _fused(optimizer):
             # No device-side skip: read the verdict now (one sync) and drop a bad step's
             # gradients (torch optimizers skip parameters whose gradient is None).
@@ -142,7 +148,7 @@ class NonFiniteGuard(L.Callback):
         if self.action == "skip":
             # Fused Adam/AdamW/SGD skip the whole update where found_inf is non-zero, on the
             # device, as under GradScaler (which, under 16-mixed, passes its own: NaN included).
-            _inner(optimizer).found_inf = bad.any().float()
+            _inner(optimizer).found_inf = (~torch.isfinite(norms).all()).float()
         every = max(1, trainer.log_every_n_steps)  # type: ignore[attr-defined]
         if trainer.global_step % every == 0:
             self._check(trainer)
@@ -152,24 +158,24 @@ class NonFiniteGuard(L.Callback):
         steps. True when the newest step in it was non-finite."""
         if not self._window:
             return False
-        steps = [step for step, _ in self._window]
-        flags = torch.stack([bad for _, bad in self._window]).tolist()  # [steps][P]
-        self._window = []
-        first: tuple[int, int] | None = None
-        for step, row in zip(steps, flags, strict=True):
-            if any(row):
-                first = first or (step, row.index(True))
-                self.skipped += 1
-                self.consecutive += 1
-            else:
+        window, self._window = self._window, []
+        finite = torch.isfinite(torch.cat([norms for _, _, norms in window])).tolist()
+        first: tuple[int, str] | None = None
+        at, newest_bad = 0, False
+        for step, names, norms in window:
+            row, at = finite[at : at + len(norms)], at + len(norms)
+            newest_bad = not all(row)
+            if not newest_bad:
                 self.consecutive = 0
-        if first is None:
-            return False
-        self._act_on(trainer, *first)
-        return bool(any(flags[-1]))
+                continue
+            first = first or (step, names[row.index(False)])
+            self.skipped += 1
+            self.consecutive += 1
+        if first is not None:
+            self._act_on(trainer, *first)
+        return newest_bad
 
-    def _act_on(self, trainer: L.Trainer, step: int, param: int) -> None:
-        name = self._names[param] if param < len(self._names) else "?"
+    def _act_on(self, trainer: L.Trainer, step: int, name: str) -> None:
         where = f"non-finite gradient at step {step} (first in parameter '{name}')"
         if self.action == "raise":
             raise NonFiniteGradientError(

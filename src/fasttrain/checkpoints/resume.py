@@ -159,6 +159,23 @@ def how_to_continue(saved: str | None) -> str:
     return f"no checkpoint to continue from; start over with: {command}"
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(*position: int) -> int:
+    """A 32-bit seed that depends on every value of `position` (seed, epoch, batch, rank): each
+    value is folded in with SplitMix64's finalizer, so neighbouring positions get unrelated
+    seeds. Pure integer arithmetic, the same on every Python (~1 us, where numpy's
+    SeedSequence takes ~15 us: this runs before every training batch)."""
+    h = 0
+    for value in position:
+        h = ((h ^ (value & _MASK64)) + 0x9E3779B97F4A7C15) & _MASK64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h >> 32
+
+
 class ResumeState(Callback):
     """Position-derived RNG and a checkpoint on SIGTERM (see the module doc)."""
 
@@ -170,8 +187,7 @@ class ResumeState(Callback):
         import numpy as np
         import torch
 
-        entropy = [abs(self.seed), trainer.current_epoch, batch_idx, trainer.global_rank]
-        value = int(np.random.SeedSequence(entropy).generate_state(1)[0])
+        value = position_seed(self.seed, trainer.current_epoch, batch_idx, trainer.global_rank)
         if torch.cuda.is_initialized():
             torch.manual_seed(value)  # the CPU's and every GPU's generator
         else:

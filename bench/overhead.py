@@ -4,7 +4,9 @@
     python bench/overhead.py --smoke    # a few steps: proves the script still works (tested)
 
     python bench/overhead.py --profile  # cProfile of C and L on the tiny case, by owner
-    python bench/overhead.py --callbacks  # each default callback's cost per step (tiny case)
+    (every full run also counts each variant's Python calls and torch ops per step: exact
+    numbers, where this VM's times move by up to 2x from one run to the next)
+    python bench/overhead.py --callbacks  # each default callback's calls and ops per step
 
 In one process, single-threaded (torch.set_num_threads(1)), same net, data, seed and batches:
   A  a hand-written loop: zero_grad, forward, loss, backward, step
@@ -289,6 +291,73 @@ def run_l(case: dict, net0, steps: int, timer: StepTimer, out: Path) -> float:
     return final_loss(model.net, case)
 
 
+class CountingTimer(StepTimer):
+    """Counts, for each step of the window (one batch's start to the next one's), either the
+    Python function and builtin calls of the training thread ("calls") or the torch ops
+    dispatched ("ops"; one at a time: counting ops makes Python calls). Exact and repeatable,
+    unlike times on a shared machine; slow, so in runs of their own."""
+
+    def __init__(self, warmup: int, measured: int, what: str) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        super().__init__(warmup, measured)
+        self.what, self.counts, self._n = what, [], 0
+        timer = self
+
+        class Ops(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                timer._n += 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Ops()
+
+    def _count(self, frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            self._n += 1
+
+    def _start(self, on: bool) -> None:
+        if self.what == "calls":
+            sys.setprofile(self._count if on else None)
+        elif on:
+            self._mode.__enter__()
+        else:
+            self._mode.__exit__(None, None, None)
+
+    def at_step_start(self, step: int) -> None:
+        end = self.warmup + self.measured
+        if self.warmup < step <= end:
+            self._start(False)
+            self.counts.append(self._n)
+        if self.warmup <= step < end:
+            self._n = 0
+            self._start(True)
+
+    def at_step_end(self, step: int) -> None:
+        pass
+
+
+def work_per_step(measured: int, out: Path) -> dict[str, Any]:
+    """Median Python calls and torch ops per step of each variant, each case (see CountingTimer).
+    A step that logs or redraws the bar does more: the median is the quiet step's."""
+    import lightning as L
+    import torch
+
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {}
+    for name, case in CASES.items():
+        L.seed_everything(0, verbose=False)
+        net0 = make_net(case)
+        results[name] = {v: {} for v in VARIANTS}
+        for variant in VARIANTS:
+            for what, key in (("calls", "python_calls"), ("ops", "torch_ops")):
+                timer = CountingTimer(10, measured, what)
+                # One step more than the window: its start closes the window's last step.
+                run_dir = out / f"work_{variant}_{what}"
+                run_variant(variant, case, net0, 10 + measured + 1, timer, run_dir)
+                results[name][variant][key] = statistics.median(timer.counts)
+    return results
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -429,6 +498,14 @@ def table(results: dict[str, Any]) -> str:
             f"| {r['overhead_C_minus_A_ms']:.3f} | {r['overhead_C_minus_B_ms']:.3f} "
             f"| {r['overhead_B_minus_A_ms']:.3f} | {perf} |"
         )
+    work = results.get("work_per_step")
+    if work:
+        lines += ["", "| per quiet step | " + " | ".join(VARIANTS) + " |",
+                  "|---|" + "---|" * len(VARIANTS)]  # fmt: skip
+        for name, w in work.items():
+            for key, label in (("python_calls", "Python calls"), ("torch_ops", "torch ops")):
+                cells = " | ".join(f"{w[v][key]:.0f}" for v in VARIANTS if v in w)
+                lines.append(f"| {name}: {label} | {cells} |")
     p = results.get("process")
     if p:
         med = {k: v["median"] for k, v in p.items()}
@@ -447,10 +524,10 @@ OWNERS = (  # path fragment -> owner, first match wins
 )  # fmt: skip
 
 
-def callback_costs(reps: int, warmup: int, measured: int, out: Path) -> dict[str, Any]:
-    """What each default callback costs per step (tiny case): C against C without it, interleaved
-    (Lightning calls every hook of every callback on every step, so each one costs something
-    even where it does nothing)."""
+def callback_costs(out: Path, measured: int = 50) -> dict[str, Any]:
+    """What each default callback (and the logger, and Lightning's model summary) costs per
+    quiet step of the first case: the Python calls and torch ops of C less those of C without it
+    (exact counts; times of a single callback are below this VM's resolution)."""
     import lightning as L
     import torch
 
@@ -460,16 +537,20 @@ def callback_costs(reps: int, warmup: int, measured: int, out: Path) -> dict[str
     drops = ["", *names, "model_summary"]
     L.seed_everything(0, verbose=False)
     net0 = make_net(case)
-    times: dict[str, list[float]] = {d: [] for d in drops}
-    for rep in range(reps):
-        for drop in rotated(drops, rep * 3):
-            timer = StepTimer(warmup, measured)
-            run_c(case, net0, warmup + measured, timer, out / f"cb_{drop}_{rep}", True, drop)
-            times[drop].append(timer.us_per_step)
-    full = statistics.median(times[""])
+    counts: dict[str, dict[str, float]] = {}
+    for drop in drops:
+        counts[drop] = {}
+        for what, key in (("calls", "python_calls"), ("ops", "torch_ops")):
+            timer = CountingTimer(10, measured, what)
+            run_dir = out / f"cb_{drop}_{what}"
+            run_c(case, net0, 10 + measured + 1, timer, run_dir, True, drop)
+            counts[drop][key] = statistics.median(timer.counts)
+    full = counts[""]
     return {
-        "default_us_per_step": full,
-        "saved_us_per_step_without": {d: full - statistics.median(times[d]) for d in drops if d},
+        "default_per_step": full,
+        "saved_per_step_without": {
+            d: {k: full[k] - v for k, v in counts[d].items()} for d in drops if d
+        },
     }
 
 
@@ -544,7 +625,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch)
         if args.callbacks:
-            costs = callback_costs(reps, warmup, measured, out)
+            costs = callback_costs(out, 5 if args.smoke else 50)
             print(json.dumps(costs, indent=2))
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / "cpu_callbacks.json").write_text(json.dumps(costs, indent=2) + "\n")
@@ -560,6 +641,7 @@ def main() -> None:
             "settings": {"reps": reps, "warmup_steps": warmup, "measured_steps": measured},
             "device": DEVICE,
             "steps": bench_steps(reps, warmup, measured, out),
+            "work_per_step": work_per_step(5 if args.smoke else 50, out),
         }
         if DEVICE == "cpu":
             results["process"] = process_times(1 if args.smoke else reps, out)

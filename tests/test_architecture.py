@@ -208,6 +208,9 @@ def test_private_lightning_internals_still_exist() -> None:
     assert hasattr(trainer.fit_loop, "_combined_loader")  # fit._reset_loaders
     assert hasattr(trainer.fit_loop.epoch_loop.val_loop, "_combined_loader")
     assert hasattr(ModelCheckpoint(), "_last_global_step_saved")  # checkpoints.resume
+    epochs_only = ModelCheckpoint()  # assemble.skip_unused_step_hooks
+    assert epochs_only._every_n_train_steps == 0 and epochs_only._train_time_interval is None
+    assert ModelCheckpoint(every_n_train_steps=5)._every_n_train_steps == 5
     assert callable(getattr(L.LightningModule, "_apply_batch_transfer_handler", None))  # dp
     epoch_loop = trainer.fit_loop.epoch_loop
     assert hasattr(epoch_loop, "_on_before_fetch") and hasattr(

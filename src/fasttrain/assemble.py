@@ -26,6 +26,7 @@ import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -218,6 +219,13 @@ def skip_unused_step_hooks(callback: L.Callback) -> None:
     for hook in STEP_HOOKS:
         if getattr(type(callback), hook) is getattr(L.Callback, hook):
             setattr(callback, hook, None)
+    # A ModelCheckpoint that saves at epoch ends only (the shipped `best` and `checkpoint`)
+    # returns from its batch-end hook without doing anything (~40 calls). Private: no public
+    # "every N steps" or "time interval" attribute (tests/test_architecture.py).
+    if isinstance(callback, ModelCheckpoint) and (
+        callback._every_n_train_steps < 1 and callback._train_time_interval is None
+    ):
+        callback.on_train_batch_end = None  # type: ignore[method-assign,assignment]
 
 
 class Trainer(L.Trainer):

@@ -278,13 +278,20 @@ def test_trainer_skips_the_step_hooks_a_callback_does_not_implement() -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+        def on_before_zero_grad(self, optimizer: Any) -> None:
+            calls.append("module_before_zero_grad")
+
     one, extended = OneHook(), Extended()
     trainer = Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, callbacks=[one, extended])  # fmt: skip
     assert isinstance(trainer.profiler, NoProfiler)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(6, 2)), 2)
-    trainer.fit(Tiny(), train_dataloaders=data)
+    module = Tiny()
+    trainer.fit(module, train_dataloaders=data)
     assert calls.count("end") == 6 and calls.count("before_backward") == 3
+    # The module's no-op step hooks are skipped too (in fit), its own one still runs.
+    assert calls.count("module_before_zero_grad") == 3
+    assert [h for h in STEP_HOOKS if getattr(module, h) is not None] == ["on_before_zero_grad"]
     assert [h for h in STEP_HOOKS if getattr(one, h) is not None] == ["on_train_batch_end"]
     assert extended.on_before_backward is not None
     # Lightning's own model summary callback is trimmed too; the classes keep their methods.

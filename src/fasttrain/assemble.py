@@ -202,35 +202,39 @@ class NoProfiler(PassThroughProfiler):
         return self._nothing
 
 
-# The callback hooks Lightning calls on every training batch.
+# The callback and module hooks Lightning calls on every training batch.
 STEP_HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward",
               "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end")  # fmt: skip
 
 
-def skip_unused_step_hooks(callback: L.Callback) -> None:
-    """Let Lightning skip the per-step hooks `callback` does not implement.
+def skip_unused_step_hooks(obj: L.Callback | L.LightningModule) -> None:
+    """Let Lightning skip the per-step hooks a callback (or the LightningModule) does not
+    implement.
 
-    Lightning calls every hook of every callback on every step (for each: a bound method, the
-    callback's `state_key`, a profiler context; ModelCheckpoint's key is a dict's repr), though
-    most callbacks implement one or two of the six: with the default callbacks ~45 calls a step
-    that do nothing. It skips a hook attribute that is not callable, so each unimplemented one is
-    set to None on the instance. The class keeps its methods: a subclass's `super()` call still
-    works (tests/test_hot_path.py checks that Lightning still skips them)."""
+    Lightning calls every hook of every callback, and the module's, on every step (for each: a
+    bound method, a profiler context; for a callback its `state_key`, a dict's repr for
+    ModelCheckpoint), though most implement one or two of the six: with the default callbacks
+    ~50 hook calls a step that do nothing. It skips a hook attribute that is not callable, so
+    each unimplemented one is set to None on the instance. The class keeps its methods: a
+    subclass's `super()` call still works (tests/test_hot_path.py checks that Lightning still
+    skips them)."""
+    base = L.LightningModule if isinstance(obj, L.LightningModule) else L.Callback
     for hook in STEP_HOOKS:
-        if getattr(type(callback), hook) is getattr(L.Callback, hook):
-            setattr(callback, hook, None)
+        if getattr(type(obj), hook) is getattr(base, hook):
+            setattr(obj, hook, None)
     # A ModelCheckpoint that saves at epoch ends only (the shipped `best` and `checkpoint`)
     # returns from its batch-end hook without doing anything (~40 calls). Private: no public
     # "every N steps" or "time interval" attribute (tests/test_architecture.py).
-    if isinstance(callback, ModelCheckpoint) and (
-        callback._every_n_train_steps < 1 and callback._train_time_interval is None
+    if isinstance(obj, ModelCheckpoint) and (
+        obj._every_n_train_steps < 1 and obj._train_time_interval is None
     ):
-        callback.on_train_batch_end = None  # type: ignore[method-assign,assignment]
+        obj.on_train_batch_end = None  # type: ignore[method-assign,assignment]
 
 
 class Trainer(L.Trainer):
     """lightning.Trainer with checked strategy, accumulation and clipping arguments, `NoProfiler`
-    when no profiler is given, and no calls of per-step callback hooks that do nothing."""
+    when no profiler is given, and no calls of per-step hooks that do nothing (the callbacks'
+    and, in `fit`, the module's)."""
 
     def __init__(
         self,
@@ -279,6 +283,10 @@ class Trainer(L.Trainer):
         # Those given and those Lightning added (model summary); its stubs lack `callbacks`.
         for callback in self.callbacks:  # type: ignore[attr-defined]
             skip_unused_step_hooks(callback)
+
+    def fit(self, model: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+        skip_unused_step_hooks(model)
+        super().fit(model, *args, **kwargs)
 
 
 def _gpu_available() -> bool:

@@ -107,14 +107,21 @@ def test_precision_override_works_on_cpu(tmp_path: Path) -> None:
     assert "bf16-mixed" in proc.stdout + proc.stderr  # Lightning says it fell back from fp16
 
 
+TRAIN_CLI = [
+    (["train.py", "trainer.max_epoch=3"], "max_epoch"),
+    (["train.py", "trainer.max_epochs=ten"], "trainer.max_epochs='ten': expected int"),
+    (["train.py", "data.batch_size=0"], "data.batch_size=0: expected an int >= 1"),
+    (["train.py", "trainer.precision=17"], "trainer.precision=17: expected one of"),
+    (["train.py", "+trainer.max_epoch=3"], "did you mean max_epochs"),
+]
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["train.py", "trainer.max_epoch=3"], "max_epoch"),
-        (["train.py", "trainer.max_epochs=ten"], "trainer.max_epochs='ten': expected int"),
-        (["train.py", "data.batch_size=0"], "data.batch_size=0: expected an int >= 1"),
-        (["train.py", "trainer.precision=17"], "trainer.precision=17: expected one of"),
-        (["train.py", "+trainer.max_epoch=3"], "did you mean max_epochs"),
+        # ~12 s each (a process): train.py's messages are checked in process by
+        # tests/test_bad_input.py, whose test_command_line runs train.py itself; CI runs these.
+        *(pytest.param(args, expected, marks=pytest.mark.slow) for args, expected in TRAIN_CLI),
         (["-m", "fasttrain.evaluate"], "ckpt_path is required"),
         (
             ["-m", "fasttrain.evaluate", "ckpt_path=missing.ckpt"],

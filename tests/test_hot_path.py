@@ -281,14 +281,19 @@ def test_trainer_skips_the_step_hooks_a_callback_does_not_implement() -> None:
         def on_before_zero_grad(self, optimizer: Any) -> None:
             calls.append("module_before_zero_grad")
 
-    one, extended = OneHook(), Extended()
+    class OnInstance(L.Callback):  # a hook set on the instance, not defined by the class
+        def __init__(self) -> None:
+            self.on_after_backward = lambda trainer, module: calls.append("instance")
+
+    one, extended, on_instance = OneHook(), Extended(), OnInstance()
     trainer = Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, callbacks=[one, extended])  # fmt: skip
+                      enable_progress_bar=False, callbacks=[one, extended, on_instance])  # fmt: skip
     assert isinstance(trainer.profiler, NoProfiler)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(6, 2)), 2)
     module = Tiny()
     trainer.fit(module, train_dataloaders=data)
     assert calls.count("end") == 6 and calls.count("before_backward") == 3
+    assert calls.count("instance") == 3
     # The module's no-op step hooks are skipped too (in fit), its own one still runs.
     assert calls.count("module_before_zero_grad") == 3
     assert [h for h in STEP_HOOKS if getattr(module, h) is not None] == ["on_before_zero_grad"]

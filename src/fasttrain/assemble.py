@@ -219,8 +219,12 @@ def skip_unused_step_hooks(obj: L.Callback | L.LightningModule) -> None:
     subclass's `super()` call still works (tests/test_hot_path.py checks that Lightning still
     skips them)."""
     base = L.LightningModule if isinstance(obj, L.LightningModule) else L.Callback
+    own = getattr(obj, "__dict__", None)
+    if own is None:  # __slots__ only: nowhere to put the None
+        return
     for hook in STEP_HOOKS:
-        if getattr(type(obj), hook) is getattr(base, hook):
+        # Neither the class nor the instance (a hook assigned in __init__) implements it.
+        if getattr(type(obj), hook) is getattr(base, hook) and hook not in own:
             setattr(obj, hook, None)
     # A ModelCheckpoint that saves at epoch ends only (the shipped `best` and `checkpoint`)
     # returns from its batch-end hook without doing anything (~40 calls). Private: no public

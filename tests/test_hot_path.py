@@ -285,9 +285,11 @@ def test_trainer_skips_the_step_hooks_a_callback_does_not_implement() -> None:
         def __init__(self) -> None:
             self.on_after_backward = lambda trainer, module: calls.append("instance")
 
-    one, extended, on_instance = OneHook(), Extended(), OnInstance()
-    trainer = Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, callbacks=[one, extended, on_instance])  # fmt: skip
+    one, extended = OneHook(), Extended()
+    trainer = Trainer(
+        accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, callbacks=[one, extended, OnInstance()],
+    )  # fmt: skip
     assert isinstance(trainer.profiler, NoProfiler)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(6, 2)), 2)
     module = Tiny()

@@ -289,7 +289,8 @@ class Trainer(L.Trainer):
             skip_unused_step_hooks(callback)
 
     def fit(self, model: L.LightningModule, *args: Any, **kwargs: Any) -> None:
-        skip_unused_step_hooks(model)
+        if isinstance(model, L.LightningModule):  # anything else: Lightning's own error
+            skip_unused_step_hooks(model)
         super().fit(model, *args, **kwargs)
 
 

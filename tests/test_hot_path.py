@@ -307,3 +307,23 @@ def test_trainer_skips_the_step_hooks_a_callback_does_not_implement() -> None:
     assert callable(L.Callback.on_train_batch_start) and callable(OneHook.on_before_backward)
     chosen = Trainer(accelerator="cpu", logger=False, profiler="simple")
     assert type(chosen.profiler).__name__ == "SimpleProfiler"
+
+
+def test_only_a_checkpoint_that_saves_at_epoch_ends_skips_its_batch_end_check() -> None:
+    from datetime import timedelta
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from fasttrain.assemble import skip_unused_step_hooks
+
+    class OwnBatchEnd(ModelCheckpoint):
+        def on_train_batch_end(self, *args: Any) -> None:
+            pass
+
+    epochs = ModelCheckpoint()
+    others = [ModelCheckpoint(every_n_train_steps=5), OwnBatchEnd(),
+              ModelCheckpoint(train_time_interval=timedelta(minutes=5))]  # fmt: skip
+    for callback in (epochs, *others):
+        skip_unused_step_hooks(callback)
+    assert epochs.on_train_batch_end is None
+    assert all(c.on_train_batch_end is not None for c in others)

@@ -227,10 +227,14 @@ def skip_unused_step_hooks(obj: L.Callback | L.LightningModule) -> None:
         if getattr(type(obj), hook) is getattr(base, hook) and hook not in own:
             setattr(obj, hook, None)
     # A ModelCheckpoint that saves at epoch ends only (the shipped `best` and `checkpoint`)
-    # returns from its batch-end hook without doing anything (~40 calls). Private: no public
-    # "every N steps" or "time interval" attribute (tests/test_architecture.py).
-    if isinstance(obj, ModelCheckpoint) and (
-        obj._every_n_train_steps < 1 and obj._train_time_interval is None
+    # returns from its batch-end hook without doing anything (~40 calls); a subclass may do more
+    # there. Private: no public "every N steps" or "time interval" attribute
+    # (tests/test_architecture.py).
+    if (
+        isinstance(obj, ModelCheckpoint)
+        and type(obj).on_train_batch_end is ModelCheckpoint.on_train_batch_end
+        and obj._every_n_train_steps < 1
+        and obj._train_time_interval is None
     ):
         obj.on_train_batch_end = None  # type: ignore[method-assign,assignment]
 

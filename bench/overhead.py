@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import json
 import os
@@ -169,8 +170,6 @@ def timer_callback(timer: StepTimer):
 
 
 def run_b(case: dict, net0, steps: int, timer: StepTimer) -> float:
-    import functools
-
     import lightning as L
     import torch
 
@@ -347,15 +346,23 @@ def work_per_step(measured: int, out: Path) -> dict[str, Any]:
     for name, case in CASES.items():
         L.seed_everything(0, verbose=False)
         net0 = make_net(case)
-        results[name] = {v: {} for v in VARIANTS}
-        for variant in VARIANTS:
-            for what, key in (("calls", "python_calls"), ("ops", "torch_ops")):
-                timer = CountingTimer(10, measured, what)
-                # One step more than the window: its start closes the window's last step.
-                run_dir = out / f"work_{variant}_{what}"
-                run_variant(variant, case, net0, 10 + measured + 1, timer, run_dir)
-                results[name][variant][key] = statistics.median(timer.counts)
+        results[name] = {
+            v: counted(measured, functools.partial(run_variant, v, case, net0), out / f"work_{v}")
+            for v in VARIANTS
+        }
     return results
+
+
+def counted(measured: int, run: Any, out: Path, *extra: Any) -> dict[str, float]:
+    """Median Python calls and torch ops per step of `run(steps, timer, out, *extra)`, one run
+    for each count."""
+    counts = {}
+    for what, key in (("calls", "python_calls"), ("ops", "torch_ops")):
+        timer = CountingTimer(10, measured, what)
+        # One step more than the window: its start closes the window's last step.
+        run(10 + measured + 1, timer, Path(f"{out}_{what}"), *extra)
+        counts[key] = statistics.median(timer.counts)
+    return counts
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -525,8 +532,8 @@ OWNERS = (  # path fragment -> owner, first match wins
 
 
 def callback_costs(out: Path, measured: int = 50) -> dict[str, Any]:
-    """What each default callback (and the logger, and Lightning's model summary) costs per
-    quiet step of the first case: the Python calls and torch ops of C less those of C without it
+    """What each default callback (and Lightning's model summary) costs per quiet step of the
+    first case: the Python calls and torch ops of C less those of C without it
     (exact counts; times of a single callback are below this VM's resolution)."""
     import lightning as L
     import torch
@@ -537,14 +544,8 @@ def callback_costs(out: Path, measured: int = 50) -> dict[str, Any]:
     drops = ["", *names, "model_summary"]
     L.seed_everything(0, verbose=False)
     net0 = make_net(case)
-    counts: dict[str, dict[str, float]] = {}
-    for drop in drops:
-        counts[drop] = {}
-        for what, key in (("calls", "python_calls"), ("ops", "torch_ops")):
-            timer = CountingTimer(10, measured, what)
-            run_dir = out / f"cb_{drop}_{what}"
-            run_c(case, net0, 10 + measured + 1, timer, run_dir, True, drop)
-            counts[drop][key] = statistics.median(timer.counts)
+    run = functools.partial(run_c, case, net0)
+    counts = {d: counted(measured, run, out / f"cb_{d}", True, d) for d in drops}
     full = counts[""]
     return {
         "default_per_step": full,

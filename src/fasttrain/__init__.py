@@ -93,12 +93,33 @@ def _launch_dir() -> str:
     return os.getcwd()
 
 
+def _task_monitor(attribute: str, _root_: Any) -> str:
+    """`${monitor:}` in conf/: the metric the model's task is judged by (its class's `monitor`,
+    e.g. val/mse); `${monitor:mode}` its direction (`monitor_mode`, min), `${monitor:direction}`
+    the same in Optuna's words (minimize), `${monitor:short}` its last part for file names (mse).
+    One source of truth, the task class (fasttrain.models.task); a module without them:
+    val/loss, min."""
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+
+    target = OmegaConf.select(_root_, "model._target_", default=None)
+    task = get_object(str(target)) if target else None
+    mode = str(getattr(task, "monitor_mode", "min"))
+    if attribute in ("mode", "direction"):  # direction: as Optuna says it
+        return mode if attribute == "mode" else f"{mode[:3]}imize"
+    monitor = str(getattr(task, "monitor", "val/loss"))
+    return monitor.rsplit("/", 1)[-1] if attribute == "short" else monitor
+
+
 def _register_resolvers() -> None:
     # Registered on import, so every entry point and every test that composes conf/ has them.
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("overrides_suffix", _overrides_suffix, replace=True)
     OmegaConf.register_new_resolver("launch_dir", _launch_dir, replace=True)
+    OmegaConf.register_new_resolver(
+        "monitor", lambda attribute="", *, _root_: _task_monitor(attribute, _root_), replace=True
+    )
 
 
 _register_resolvers()

@@ -101,21 +101,25 @@ def build_run(
     model = build_model(cfg.model, **model_kwargs)
     every = [*build_all(cfg.get("callbacks"), "callbacks"), ResumeState(cfg.seed), *callbacks]
     loggers = build_all(cfg.get("logger"), "logger")
+    for logger in loggers:  # TensorBoard's layout: the task's own charts (fasttrain.models.task)
+        if hasattr(logger, "task_charts"):
+            logger.task_charts = dict(getattr(model, "charts", {}))
     trainer = build(cfg.trainer, "trainer", callbacks=every, logger=loggers or False,
                     plugins=[AtomicCheckpointIO()])  # fmt: skip
     return trainer, model, datamodule
 
 
 def restore(cfg: DictConfig) -> tuple[Any, Any]:
-    """(Classifier in eval mode, set-up data module) for `cfg.ckpt_path`: the entry points that
-    start from a checkpoint (evaluate, export, predict) share it. The data module must be the
-    one the checkpoint was trained on (checkpoints record it; older ones did not, and then only
-    the shapes are compared). The data split comes from the checkpoint (seed, fractions, path,
-    ...), so the test set is the one the run was tested on; loader knobs stay this machine's."""
-    from fasttrain.checkpoints.load import load_classifier
+    """(task in eval mode, set-up data module) for `cfg.ckpt_path`: the entry points that start
+    from a checkpoint (evaluate, export, predict) share it. The task is the one the checkpoint
+    was trained as (fasttrain.models.task). The data module must be the one the checkpoint was
+    trained on (checkpoints record it; older ones did not, and then only the shapes are
+    compared). The data split comes from the checkpoint (seed, fractions, path, ...), so the
+    test set is the one the run was tested on; loader knobs stay this machine's."""
+    from fasttrain.checkpoints.load import load_task
     from fasttrain.data.base import LOADER_ARGS
 
-    model, data_spec = load_classifier(cfg.ckpt_path)
+    model, data_spec = load_task(cfg.ckpt_path)
     trained_on = data_spec.pop("_target_", None)
     if trained_on is not None:
         _check_same_data(cfg, trained_on)
@@ -125,7 +129,7 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
                 cfg.data[key] = value
     validate(cfg)
     datamodule = build(cfg.data, "data")
-    net_shape = model.hparams["net"].get("input_shape")
+    net_shape = (model.hparams.get("net") or {}).get("input_shape")
     data_shape = getattr(datamodule, "input_shape", None)
     if net_shape is not None and data_shape is not None and list(net_shape) != list(data_shape):
         raise UserError(
@@ -133,13 +137,10 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
             f"data ({cfg.data._target_}) gives {list(data_shape)}; select the data group the "
             "checkpoint was trained on (data=...)"
         )
-    if model.hparams["num_classes"] != getattr(
-        datamodule, "num_classes", model.hparams["num_classes"]
-    ):
-        raise UserError(
-            f"ckpt_path={cfg.ckpt_path}: {model.hparams['num_classes']} classes, but data has "
-            f"{datamodule.num_classes}; select the data group the checkpoint was trained on"
-        )
+    mismatch = model.data_mismatch(datamodule)
+    if mismatch:
+        raise UserError(f"ckpt_path={cfg.ckpt_path}: {mismatch}; select the data group the "
+                        "checkpoint was trained on (data=...)")  # fmt: skip
     datamodule.prepare_data()
     datamodule.setup("test")
     return model, datamodule

@@ -3,7 +3,7 @@
     train     build the run, tune, fit (with resume), test the best checkpoint, report
     evaluate  a checkpoint's test metrics
     export    a checkpoint -> ONNX, TorchScript, int8 and fp16 files, each read back and checked
-    predict   a checkpoint's classes and probabilities for the test split or an .npy file
+    predict   a checkpoint's predictions (the task's columns) for the test split or an .npy file
     prepare   a data set's splits as WebDataset shards (data=shards streams them)
 
 fasttrain.cli runs them (command-line check, Hydra, exit codes); tests call them with a composed
@@ -43,7 +43,7 @@ def train(cfg: Any) -> dict[str, float]:
         fit.fit(trainer, model, datamodule, ckpt_path, cfg.get("oom_fallback", False))
     metrics = {
         k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1 and k != "step"
-    }  # "step": the x Lightning writes epoch-end values at (Classifier._log_at_steps_completed)
+    }  # "step": the x Lightning writes epoch-end values at (Task._log_at_steps_completed)
 
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.get("test", True):
@@ -53,7 +53,8 @@ def train(cfg: Any) -> dict[str, float]:
         )
         metrics.update(results[0] if results else {})
     board.end_session(trainer.loggers, board.final_values(metrics, trainer), trainer.global_step)
-    report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir)
+    report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir,
+           monitor=getattr(model, "monitor", None))  # fmt: skip
     return metrics
 
 
@@ -91,12 +92,12 @@ def export(cfg: Any) -> dict[str, Any]:
     # Every file takes raw inputs: the data module's preprocessing is its first layer, and the
     # checks feed it the test split as raw inputs.
     mean, std = input_statistics(datamodule, model)
-    deployed = with_preprocessing(model.net, mean, std)
+    deployed = with_preprocessing(model.net, mean, std, model.output_layer())
     x = next(raw_batches(datamodule.test_dataloader(), mean, std, model))[0]
     example = x[torch.arange(max(2, len(x))) % len(x)]  # torch.export needs a batch of >= 2
     out_dir = Path(cfg.output_dir) if cfg.output_dir else run_dir_of(cfg.ckpt_path) / "export"
     result = export_and_verify(
-        deployed, exporters, example, raw_batches(datamodule.test_dataloader(), mean, std, model),
+        deployed, model, exporters, example, raw_batches(datamodule.test_dataloader(), mean, std, model),
         out_dir, device, tolerance, float(cfg.latency_time), source=str(cfg.ckpt_path),
         metadata=describe(mean, std, datamodule.input_shape),
     )  # fmt: skip
@@ -108,14 +109,15 @@ def export(cfg: Any) -> dict[str, Any]:
 
 
 def predict(cfg: Any) -> Path:
-    """python -m fasttrain.predict ckpt_path=PATH [input=x.npy]: predictions.csv. `input=` takes
-    raw inputs (as the exported files do); the data module's preprocessing is applied here."""
+    """python -m fasttrain.predict ckpt_path=PATH [input=x.npy]: predictions.csv, the task's
+    columns (fasttrain.models.task). `input=` takes raw inputs (as the exported files do); the
+    data module's preprocessing is applied here."""
     check_settings(cfg, "predict")  # also here: tests and notebooks call the task directly
     from rich.console import Console
 
     from fasttrain.assemble import restore
     from fasttrain.deploy import resolve_device, torch_runner
-    from fasttrain.deploy.inputs import class_names, input_statistics, with_preprocessing
+    from fasttrain.deploy.inputs import input_statistics, with_preprocessing
     from fasttrain.deploy.predict import load_inputs, predict, write_predictions
 
     device = resolve_device(str(cfg.device))
@@ -125,12 +127,12 @@ def predict(cfg: Any) -> Path:
         x = load_inputs(cfg.input, datamodule.input_shape)
         batches = ((xb, None) for xb in x.split(int(cfg.data.batch_size)))
         stats = input_statistics(datamodule, model)
-        net, rows = with_preprocessing(model.net, *stats), str(cfg.input)
+        net, rows = with_preprocessing(model.net, *stats, model.output_layer()), str(cfg.input)
     else:
         batches = datamodule.test_dataloader()  # as the model takes them
     out = Path(cfg.output_dir or cfg.paths.output_dir) / "predictions.csv"
-    names = class_names(datamodule, int(model.hparams["num_classes"]))
-    summary = write_predictions(out, predict(torch_runner(net, device), batches), names)
+    outputs = predict(torch_runner(net, device), batches)
+    summary = write_predictions(out, outputs, model, datamodule)
     shown = ", ".join(
         f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()
     )
@@ -180,8 +182,9 @@ def check_settings(cfg: Any, entry: str) -> None:
 
 
 def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
-           log_dir: str | None = None) -> None:  # fmt: skip
-    """Write metrics.json in the run dir; print the final metrics, where the run went and, for
+           log_dir: str | None = None, monitor: str | None = None) -> None:  # fmt: skip
+    """Write metrics.json in the run dir (with the task's `monitor`, the metric the run is
+    judged by, for a training run); print the final metrics, where the run went and, for
     a training run (`log_dir` given), the commands that open it in TensorBoard, evaluate and
     export its checkpoint, and continue it."""
     from lightning.pytorch.utilities import rank_zero_only
@@ -192,9 +195,10 @@ def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
         return
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(
-        json.dumps({"metrics": metrics, "checkpoint": ckpt}, indent=2)
-    )
+    record: dict[str, Any] = {"metrics": metrics, "checkpoint": ckpt}
+    if monitor:
+        record["monitor"] = monitor
+    (out / "metrics.json").write_text(json.dumps(record, indent=2))
     shown = {k: v for k, v in metrics.items() if k.startswith(("test/", "val/"))}
     table = Table(title="final metrics", title_justify="left")
     table.add_column("metric")
@@ -226,7 +230,10 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str) -> dict[str, st
         commands["TensorBoard"] = tensorboard_command(log_dir)
     python = shown(sys.executable)
     if ckpt:
-        arg = shell_word(f"ckpt_path={quote(shown(ckpt))}")
+        # The data group the run used: evaluate and export rebuild that data module (its split
+        # and settings from the checkpoint), and refuse another.
+        choice = HydraConfig.get().runtime.choices.get("data") if HydraConfig.initialized() else None
+        arg = shell_word(f"ckpt_path={quote(shown(ckpt))}") + (f" data={choice}" if choice else "")
         commands["evaluate"] = f"{python} -m fasttrain.evaluate {arg}"
         commands["export"] = f"{python} -m fasttrain.export {arg}"
     newest = checkpoint_to_resume("auto", str(run_dir))

@@ -33,7 +33,6 @@ Value = bool | int | float | str
 LAYOUT: dict[str, dict[str, list[Any]]] = {
     "training": {
         "loss: train vs val": ["Multiline", [r"^train/loss_(step|epoch)$", r"^val/loss$"]],
-        "accuracy: train vs val": ["Multiline", [r"^train/acc$", r"^val/acc(_best)?$"]],
         "learning rate": ["Multiline", [r"^lr(/.*)?$"]],
         "gradient norm (total, before clipping)": ["Multiline", [r"^grad_norm/total$"]],
     },
@@ -51,11 +50,17 @@ CUDA_LAYOUT: dict[str, list[Any]] = {
 }
 
 
-def layout(cuda: bool) -> dict[str, dict[str, list[Any]]]:
-    """The Custom Scalars layout of a run; the memory and MFU charts where they are logged."""
-    if not cuda:
-        return LAYOUT
-    return {**LAYOUT, "speed": {**LAYOUT["speed"], **CUDA_LAYOUT}}
+def layout(
+    cuda: bool, charts: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, dict[str, list[Any]]]:
+    """The Custom Scalars layout of a run: the task's `charts` (title -> tag regexes) after the
+    loss chart; the memory and MFU charts where they are logged."""
+    loss, *rest = LAYOUT["training"].items()
+    own = [(title, ["Multiline", list(tags)]) for title, tags in (charts or {}).items()]
+    chosen = {**LAYOUT, "training": dict([loss, *own, *rest])}
+    if cuda:
+        chosen["speed"] = {**LAYOUT["speed"], **CUDA_LAYOUT}
+    return chosen
 
 
 class RunLogger(TensorBoardLogger):
@@ -72,6 +77,9 @@ class RunLogger(TensorBoardLogger):
         # No `hp_metric` scalar of -1: the HPARAMS session is start_session's.
         super().__init__(save_dir, name="", version="", log_graph=log_graph,
                          default_hp_metric=False, flush_secs=flush_secs)  # fmt: skip
+        # The task's own charts (fasttrain.models.task `charts`), set by whoever builds the run
+        # (fasttrain.assemble.build_run) before the first event is written.
+        self.task_charts: dict[str, list[str]] = {}
 
     @property
     def experiment(self) -> Any:
@@ -80,7 +88,7 @@ class RunLogger(TensorBoardLogger):
         if fresh and self._experiment is not None:  # just created, on rank zero
             import torch
 
-            writer.add_custom_scalars(layout(torch.cuda.is_available()))
+            writer.add_custom_scalars(layout(torch.cuda.is_available(), self.task_charts))
         return writer
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:

@@ -2,7 +2,7 @@
 
 Anything logged with `self.log(..., prog_bar=True)` in `training_step` is turned into a Python
 number by Lightning after every batch (a device-to-host sync per step on a GPU, whether or not a
-bar is shown), and again on every later batch of the epoch. The Classifier instead keeps the
+bar is shown), and again on every later batch of the epoch. A fasttrain task instead keeps the
 values it read on its last logging step in `pl_module.progress` (plain floats); this bar shows
 them beside Lightning's own (epoch-level validation values, the version).
 """

@@ -1,7 +1,7 @@
 """Checkpoints: read (weights_only, one-line errors), write (atomic), resume (which one, RNG,
 SIGTERM).
 
-load.py    read_checkpoint, load_classifier
+load.py    read_checkpoint, load_task
 allow.py   which code a checkpoint's specs may name (checked before anything is built)
 io.py      AtomicCheckpointIO: a save is the old file or the new one, never half of each
 resume.py  checkpoint_to_resume, check_fits, ResumeState

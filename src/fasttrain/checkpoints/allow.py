@@ -7,6 +7,7 @@ even under `_partial_`), so a crafted spec such as `numpy.savetxt` would write a
 anything is built, every `_target_` in the specs must be one of:
 
 - an nn.Module subclass defined in fasttrain.models.nets (the project's nets);
+- a LightningModule subclass defined in fasttrain.models (the project's tasks);
 - an Optimizer or LR scheduler subclass defined in torch.optim;
 - a LightningDataModule subclass defined in fasttrain.data;
 - a target that some YAML file of the project's own conf/ names (your own net in
@@ -30,8 +31,8 @@ from fasttrain import CONFIG_DIR
 from fasttrain.config.errors import UserError
 
 ALLOWED = (
-    "a net of this project, a torch optimizer or scheduler, a data module of this project, "
-    "or a target in conf/"
+    "a net or task of this project, a torch optimizer or scheduler, a data module of this "
+    "project, or a target in conf/"
 )
 
 
@@ -49,6 +50,12 @@ def _is_optim(obj: Any) -> bool:
                (Optimizer, LRScheduler, ReduceLROnPlateau))  # fmt: skip
 
 
+def _is_task(obj: Any) -> bool:
+    from lightning import LightningModule
+
+    return _is_class_in(obj, LightningModule, "fasttrain.models")
+
+
 def _is_data(obj: Any) -> bool:
     from lightning import LightningDataModule
 
@@ -64,6 +71,7 @@ def _is_class_in(obj: Any, base: type, package: str) -> bool:
 # name prefix -> the type check of the object it resolves to
 KINDS: dict[str, Callable[[Any], bool]] = {
     "fasttrain.models.nets.": _is_net,
+    "fasttrain.models.": _is_task,
     "torch.optim.": _is_optim,
     "fasttrain.data.": _is_data,
 }

@@ -47,46 +47,46 @@ def read_checkpoint(path: str | Path, expect: str = "ckpt_path") -> dict[str, An
     return ckpt
 
 
-def load_classifier(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[str, Any]]:
-    """Rebuild a Classifier from a checkpoint: (model in eval mode, data spec).
+def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[str, Any]]:
+    """Rebuild the task a checkpoint was trained as (fasttrain.models.task): (model in eval mode,
+    data spec).
 
     The data spec is the data module's hyperparameters, with its `_target_` when the checkpoint
-    recorded it (checkpoints of older versions did not). Every target the checkpoint names must
-    pass fasttrain.checkpoints.allow before anything is built; `allow` adds exact dotted names
-    (e.g. "mypkg.nets.MyNet", a net class kept outside fasttrain.models.nets that conf/ does not
-    name) for callers that load such checkpoints on purpose.
+    recorded it (checkpoints of older versions did not). Every target the checkpoint names (the
+    task's class, its net, optimizer, scheduler and data module) must pass
+    fasttrain.checkpoints.allow before anything is built; `allow` adds exact dotted names (e.g.
+    "mypkg.nets.MyNet", a net class kept outside fasttrain.models.nets that conf/ does not name)
+    for callers that load such checkpoints on purpose.
     """
     from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
+    from hydra.utils import get_object
 
-    from fasttrain.models import Classifier
-    from fasttrain.models.classifier import DATA_TARGET_KEY
+    from fasttrain.models.classifier import PRE_CONTRACT_TASK
+    from fasttrain.models.task import DATA_TARGET_KEY, TASK_TARGET_KEY, Task
 
     ckpt = read_checkpoint(path)
     hparams = ckpt.get("hyper_parameters") or {}
     data = ckpt.get("datamodule_hyper_parameters") or {}
     net_spec = hparams.get("net") if isinstance(hparams, dict) else None
     if not isinstance(net_spec, dict) or "_target_" not in net_spec or not isinstance(data, dict):
-        raise UserError(f"ckpt_path={path}: not a fasttrain Classifier checkpoint (no net spec)")
+        raise UserError(f"ckpt_path={path}: not a fasttrain task checkpoint (no net spec)")
     data = dict(data)
     if DATA_TARGET_KEY in ckpt:
         data["_target_"] = ckpt[DATA_TARGET_KEY]
-    check_specs({**hparams, "data": data}, f"ckpt_path={path}", allow)
+    task_target = ckpt.get(TASK_TARGET_KEY, PRE_CONTRACT_TASK)
+    task_spec = {"_target_": task_target}
+    check_specs({"task": task_spec, **hparams, "data": data}, f"ckpt_path={path}", allow)
+    task = get_object(str(task_target))
+    if not (isinstance(task, type) and issubclass(task, Task)):
+        raise UserError(f"ckpt_path={path}: its task {task_target} does not follow the task "
+                        "contract (a subclass of fasttrain.models.task.Task)")  # fmt: skip
     try:
-        net = instantiate(hparams["net"])
-        optimizer = instantiate(hparams["optimizer"]) if hparams.get("optimizer") else None
-        scheduler = instantiate(hparams["scheduler"]) if hparams.get("scheduler") else None
-        model = Classifier(
-            net=net, optimizer=optimizer, scheduler=scheduler,
-            num_classes=hparams["num_classes"],
-            scheduler_interval=hparams.get("scheduler_interval", "epoch"),
-            input_mean=hparams.get("input_mean"), input_std=hparams.get("input_std"),
-        )  # fmt: skip
+        model = task.from_hparams(hparams)
     except (InstantiationException, KeyError, TypeError, ValueError) as err:
-        # ConfigError is a ValueError: a value the Classifier refuses, named by the message.
+        # ConfigError is a ValueError: a value the task refuses, named by the message.
         detail = " ".join(str(err).split())[:300]
         raise UserError(
-            f"ckpt_path={path}: its hyper_parameters do not rebuild a Classifier ({detail})"
+            f"ckpt_path={path}: its hyper_parameters do not rebuild a {task.__name__} ({detail})"
         ) from None
     try:
         model.load_state_dict(ckpt["state_dict"])

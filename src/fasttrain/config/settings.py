@@ -18,7 +18,7 @@ Device = Literal["auto", "cpu", "cuda"]
 SEED_MAX = 2**32 - 1  # numpy's and Lightning's seed range
 NAME_MAX = 255  # bytes in one file name on common file systems
 # Scheduler arguments that give a schedule's length (CosineAnnealingLR, OneCycleLR): left out of
-# the scheduler config, fasttrain.models.Classifier sets them to the run's length.
+# the scheduler config, the task (fasttrain.models.task) sets them to the run's length.
 RUN_LENGTH_ARGS = ("T_max", "total_steps")
 
 
@@ -66,7 +66,7 @@ def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:
 
 def check_schedule_length(model: dict[str, Any] | None, trainer: dict[str, Any] | None) -> None:
     """A schedule whose length the run sets needs a run of known length in its unit: epochs
-    (model.scheduler_interval=epoch) or optimizer steps (=step). Checked again by the Classifier;
+    (model.scheduler_interval=epoch) or optimizer steps (=step). Checked again by the task;
     here it fails before a run folder exists."""
     scheduler = (model or {}).get("scheduler")
     if not isinstance(scheduler, dict) or any(a in scheduler for a in RUN_LENGTH_ARGS):

@@ -1,4 +1,5 @@
 """In-memory data sets from two arrays: a subclass says where (x, y) come from, this does the rest.
+ArrayDataModule takes class labels; fasttrain.data.regression real-valued targets.
 
     class WineDataModule(ArrayDataModule):
         def load_arrays(self):
@@ -26,11 +27,12 @@ from fasttrain.data.folds import check_folds, fold_indices
 Standardize = Literal["per_feature", "global", "none"]
 
 
-class ArrayDataModule(TensorDataModule):
-    """Base for data sets given as arrays x [N, *input_shape] and integer labels y [N].
+class ArraySplits(TensorDataModule):
+    """What every in-memory array data set shares: the split fixed by `seed` (or a k-fold fold),
+    standardised inputs, and the loaders. ArrayDataModule (class labels) and
+    RegressionArrayDataModule (real-valued targets) say what y holds.
 
     Args:
-        num_classes: labels are 0..num_classes-1 (checked against the data).
         input_shape: the shape of one sample; x is reshaped to it (checked against the data).
         standardize: "per_feature" (each feature its own mean/std: tabular data), "global" (one
             mean/std: pixels) or "none"; always from the training split, so nothing leaks.
@@ -39,9 +41,10 @@ class ArrayDataModule(TensorDataModule):
             on the other folds of the train+val pool and validate on fold `fold`; null: off.
     """
 
+    stratified = True  # splits keep the proportions of y's values (class labels)
+
     def __init__(
         self,
-        num_classes: int,
         input_shape: Sequence[int],
         standardize: Standardize = "per_feature",
         val_fraction: float = 0.15,
@@ -56,54 +59,61 @@ class ArrayDataModule(TensorDataModule):
         )
         check_folds(num_folds, fold)
         self.num_folds, self.fold = num_folds, fold
-        if num_classes < 2:
-            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         if standardize not in ("per_feature", "global", "none"):
             raise ConfigError(
                 "standardize", standardize, "expected one of 'per_feature', 'global', 'none'"
             )
-        self.num_classes = num_classes
         self.input_shape = check_shape(input_shape)
         self.standardize = standardize
-        self.save_hyperparameters()
 
     def load_arrays(self) -> tuple[Any, Any]:
-        """(x [N, ...] numbers, y [N] integer labels): the one method a subclass writes."""
+        """(x [N, ...] numbers, y [N] (or [N, targets])): the one method a subclass writes."""
+        raise NotImplementedError
+
+    def checked_targets(self, y: np.ndarray, n: int) -> torch.Tensor:
+        """y as the tensor the model takes, after checking it against the config."""
         raise NotImplementedError
 
     def make_splits(self) -> dict[str, TensorDataset]:
         x, y = self.load_arrays()
         x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)  # [N, features]
-        y = self._checked_labels(np.asarray(y), len(x))
+        targets = self.checked_targets(np.asarray(y), len(x))
         if x.shape[1] != int(np.prod(self.input_shape)):
             raise ConfigError(
                 "input_shape", list(self.input_shape), f"samples have {x.shape[1]} values"
             )
-        if self.fold is not None:
-            train, val, test = fold_indices(y, self.num_folds, self.fold, self.test_fraction,
-                                            self.seed)  # fmt: skip
-            x_train, x_val, x_test = x[train], x[val], x[test]
-            y_train, y_val, y_test = y[train], y[val], y[test]
-        else:
-            holdout = self.val_fraction + self.test_fraction
-            x_train, x_rest, y_train, y_rest = train_test_split(
-                x, y, test_size=holdout, stratify=y, random_state=self.seed
-            )
-            x_val, x_test, y_val, y_test = train_test_split(
-                x_rest, y_rest, test_size=self.test_fraction / holdout, stratify=y_rest,
-                random_state=self.seed,
-            )  # fmt: skip
-        mean, std = self._statistics(x_train)
+        train, val, test = self._split_rows(targets.numpy())
+        mean, std = self._statistics(x[train])
         self.mean, self.std = mean, std  # [features] or scalars: input_statistics() shapes them
+        self.fit_targets(targets[train])
         return {
             name: TensorDataset(
-                torch.as_tensor((xs - mean) / std, dtype=torch.float32).view(-1, *self.input_shape),
-                torch.as_tensor(ys, dtype=torch.long),
+                torch.as_tensor((x[rows] - mean) / std, dtype=torch.float32).view(
+                    -1, *self.input_shape
+                ),
+                targets[rows],
             )
-            for name, xs, ys in (
-                ("train", x_train, y_train), ("val", x_val, y_val), ("test", x_test, y_test)
-            )
-        }  # fmt: skip
+            for name, rows in (("train", train), ("val", val), ("test", test))
+        }
+
+    def fit_targets(self, train_targets: torch.Tensor) -> None:
+        """Statistics of the training split's targets, for a subclass that keeps any."""
+
+    def _split_rows(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(train, val, test) row indices, fixed by seed; stratified by y for class labels."""
+        if self.fold is not None:
+            return fold_indices(y, self.num_folds, self.fold, self.test_fraction, self.seed,
+                                stratify=self.stratified)  # fmt: skip
+        rows = np.arange(len(y))
+        holdout = self.val_fraction + self.test_fraction
+        train, rest = train_test_split(rows, test_size=holdout, random_state=self.seed,
+                                       stratify=y if self.stratified else None)  # fmt: skip
+        val, test = train_test_split(
+            rest, test_size=self.test_fraction / holdout, random_state=self.seed,
+            stratify=y[rest] if self.stratified else None,
+        )  # fmt: skip
+        return train, val, test
+
 
     def input_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of the training split, float32, each a scalar or [*input_shape]: the net
@@ -115,6 +125,47 @@ class ArrayDataModule(TensorDataModule):
         tensor = torch.as_tensor(np.asarray(value), dtype=torch.float32)
         return tensor.reshape(self.input_shape) if tensor.numel() > 1 else tensor
 
+    def _statistics(self, x_train: np.ndarray) -> tuple[Any, Any]:
+        """Mean and std of the training split ([features] or scalars); std 0 -> 1 (a constant
+        feature is centred, not divided by zero)."""
+        if self.standardize == "none":
+            return 0.0, 1.0
+        axis = 0 if self.standardize == "per_feature" else None
+        mean, std = x_train.mean(axis=axis), x_train.std(axis=axis)
+        return mean, np.where(std > 0, std, 1.0)
+
+
+class ArrayDataModule(ArraySplits):
+    """Base for data sets given as arrays x [N, *input_shape] and integer labels y [N]; the split
+    is stratified.
+
+    Args:
+        num_classes: labels are 0..num_classes-1 (checked against the data).
+        the rest: as ArraySplits.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        input_shape: Sequence[int],
+        standardize: Standardize = "per_feature",
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.2,
+        seed: int = 42,
+        num_folds: int = 5,
+        fold: int | None = None,
+        **loader: Any,
+    ) -> None:
+        super().__init__(input_shape, standardize, val_fraction, test_fraction, seed, num_folds,
+                         fold, **loader)  # fmt: skip
+        if num_classes < 2:
+            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
+        self.num_classes = num_classes
+        self.save_hyperparameters()
+
+    def checked_targets(self, y: np.ndarray, n: int) -> torch.Tensor:
+        return torch.as_tensor(self._checked_labels(y, n), dtype=torch.long)
+
     def _checked_labels(self, y: np.ndarray, n: int) -> np.ndarray:
         if y.shape != (n,) or y.dtype.kind not in "iu":
             raise ConfigError("num_classes", self.num_classes, f"labels are {y.dtype} {y.shape}")
@@ -125,12 +176,3 @@ class ArrayDataModule(TensorDataModule):
                 f"labels span {y.min()}..{y.max()}; expected >= {y.max() + 1}",
             )
         return y
-
-    def _statistics(self, x_train: np.ndarray) -> tuple[Any, Any]:
-        """Mean and std of the training split ([features] or scalars); std 0 -> 1 (a constant
-        feature is centred, not divided by zero)."""
-        if self.standardize == "none":
-            return 0.0, 1.0
-        axis = 0 if self.standardize == "per_feature" else None
-        mean, std = x_train.mean(axis=axis), x_train.std(axis=axis)
-        return mean, np.where(std > 0, std, 1.0)

@@ -4,7 +4,7 @@
                                                     other four folds, validate on fold 2
     python train.py -m data.fold='range(5)'         all five; the sweep ends with cv_summary.json
 
-Everything is stratified (each split keeps the class proportions) and fixed by `seed`. The test
+Class labels are stratified (each split keeps the class proportions) and fixed by `seed`. The test
 split is the same rows in every fold, so the folds' test metrics measure one thing; the folds
 partition the remaining train+val pool, each row validated in exactly one fold. `val_fraction`
 plays no part: a fold validates on 1/K of the pool.
@@ -13,7 +13,7 @@ plays no part: a fold validates on 1/K of the pool.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.model_selection import StratifiedKFold, train_test_split
+from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 
 from fasttrain.config.errors import ConfigError, UserError
 
@@ -30,11 +30,20 @@ def check_folds(num_folds: int, fold: int | None) -> None:
 
 
 def fold_indices(
-    y: np.ndarray, num_folds: int, fold: int, test_fraction: float, seed: int
+    y: np.ndarray, num_folds: int, fold: int, test_fraction: float, seed: int,
+    stratify: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(train, val, test) row indices into y [N] for fold `fold` of `num_folds`."""
+    """(train, val, test) row indices into y [N] for fold `fold` of `num_folds`; `stratify`:
+    by y's classes (real-valued targets: plain shuffled folds)."""
     rows = np.arange(len(y))
-    pool, test = train_test_split(rows, test_size=test_fraction, stratify=y, random_state=seed)
+    pool, test = train_test_split(rows, test_size=test_fraction, stratify=y if stratify else None,
+                                  random_state=seed)  # fmt: skip
+    if not stratify:
+        if len(pool) < num_folds:
+            raise UserError(f"data.num_folds={num_folds}: the train+val pool has {len(pool)} "
+                            "samples, fewer than one per fold; use fewer folds")  # fmt: skip
+        train, val = list(KFold(num_folds, shuffle=True, random_state=seed).split(pool))[fold]
+        return pool[train], pool[val], test
     _, counts = np.unique(y[pool], return_counts=True)
     if counts.min() < num_folds:
         # Raised while the data loads, outside the builder that prefixes `data.`: named here.

@@ -2,7 +2,7 @@
 
 Images are decoded, resized and augmented in the loader's worker processes (Pillow), and a
 batch crosses to the device as uint8 [B, C, H, W], in pinned memory when a GPU takes it: a
-quarter of the bytes of float32. The model converts and normalises it there (Classifier
+quarter of the bytes of float32. The model converts and normalises it there (the task's
 `input_mean`/`input_std`, interpolated from `data.mean`/`data.std`), so the normalisation is
 stored with the model and evaluate, export and predict apply the same.
 

@@ -1,7 +1,7 @@
 """Deployment: write a trained net in a serving format, read it back from disk, and check it.
 
 formats.py  one Exporter per format (ONNX, TorchScript, dynamic int8, fp16): write and load back
-verify.py   the shared check loop: logits vs eager, top-1 agreement, accuracy, size, latency
+verify.py   the shared check loop: outputs vs eager, agreement, the task's score, size, latency
 run.py      export_and_verify: write each format, check it, write export_report.json
 files.py    writes that never leave a half-written file behind
 """

@@ -24,7 +24,8 @@ from torch import nn
 Format = Literal["onnx", "torchscript", "int8", "fp16"]
 FORMATS: tuple[str, ...] = get_args(Format)
 # How a format is judged (see verify.Tolerance): "exact" = same logits up to float rounding,
-# "accuracy" = test accuracy close to fp32, "agreement" = same top-1 class almost always.
+# "accuracy" = the task's test score (accuracy, R^2) close to fp32's, "agreement" = the same
+# answer (top-1 class; a value within 1% of the target's std) almost always.
 Criterion = Literal["exact", "accuracy", "agreement"]
 # A loaded model: CPU float32 inputs [B, *input_shape] -> CPU float32 logits [B, num_classes].
 # Host<->device copies are inside, so latencies compare what a caller of each format waits for.

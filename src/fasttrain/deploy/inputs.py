@@ -5,7 +5,7 @@ mean and std). A deployment has raw inputs, so every export is `Standardize(mean
 net, and `predict input=` applies the same to the arrays it reads. A data module states its
 preprocessing with `input_statistics() -> (mean, std)`: net input = (raw - mean) / std; a data
 module without that method feeds its inputs to the net unchanged. A model that preprocesses on
-the device (Classifier `input_mean`/`input_std`: image data sets send raw uint8 pixels) carries
+the device (a task's `input_mean`/`input_std`: image data sets send raw uint8 pixels) carries
 its own, which then wins, and its data module's batches are raw already.
 """
 
@@ -41,9 +41,12 @@ def on_model(model: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     return mean.detach().float().cpu(), std.detach().float().cpu()
 
 
-def with_preprocessing(net: nn.Module, mean: torch.Tensor, std: torch.Tensor) -> nn.Module:
-    """raw x [B, *input_shape] -> logits: the net behind its input preprocessing."""
-    return nn.Sequential(Standardize(mean, std), net).eval()
+def with_preprocessing(
+    net: nn.Module, mean: torch.Tensor, std: torch.Tensor, output: nn.Module | None = None
+) -> nn.Module:
+    """raw x [B, *input_shape] -> the task's outputs: the net behind its input preprocessing,
+    then the task's output layer (e.g. a regressor's targets back in their own units)."""
+    return nn.Sequential(Standardize(mean, std), net, *([output] if output else [])).eval()
 
 
 def raw_batches(
@@ -75,9 +78,3 @@ def describe(mean: torch.Tensor, std: torch.Tensor, input_shape: Any) -> dict[st
 def _number(t: torch.Tensor) -> str:
     """A scalar as its value, a per-feature tensor as a flat list (row-major, input_shape)."""
     return f"{t.item():.9g}" if t.numel() == 1 else str([round(v, 9) for v in t.flatten().tolist()])
-
-
-def class_names(datamodule: Any, num_classes: int) -> list[str]:
-    """The data module's `class_names`, else the class indices as names ("0", "1", ...)."""
-    names = getattr(datamodule, "class_names", None)
-    return [str(n) for n in names] if names else [str(i) for i in range(num_classes)]

@@ -1,9 +1,10 @@
-"""Class predictions for a batch stream: inputs from an .npy file or a data module's split."""
+"""A task's predictions for a batch stream: inputs from an .npy file or a data module's split."""
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -38,36 +39,45 @@ def load_inputs(path: str | Path, input_shape: Sequence[int], key: str = "input"
 
 def predict(
     run: Runner, batches: Iterable[tuple[torch.Tensor, torch.Tensor | None]]
-) -> Iterator[tuple[list[float], int | None]]:
-    """(softmax probability of every class, label or None) per sample, in order."""
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(outputs in the task's units, labels or None) per batch, in order."""
     for x, y in batches:
-        probs = run(x).softmax(dim=1)
-        labels = y.tolist() if y is not None else [None] * len(x)
-        yield from zip(probs.tolist(), labels, strict=True)
+        yield run(x), y
 
 
 def write_predictions(
-    path: Path, rows: Iterable[tuple[list[float], int | None]], class_names: Sequence[str]
-) -> dict[str, float]:
-    """predictions.csv: index (the sample's row in the inputs), pred (class index), class (its
-    name), prob (its probability), prob_<name> for every class, and label with labelled inputs.
+    path: Path, batches: Iterable[tuple[torch.Tensor, torch.Tensor | None]], task: Any,
+    datamodule: Any,
+) -> dict[str, float]:  # fmt: skip
+    """predictions.csv: index (the sample's row in the inputs), the task's columns
+    (`prediction_header`: pred, class, prob, prob_<name> for a classifier; pred_<target> for a
+    regressor), and with labelled inputs the label (label_0, label_1, ... for several values).
 
-    Returns {"samples": N} and, with labels, {"accuracy": ...}.
+    Returns {"samples": N} and, with labels, the task's score over them ({"accuracy": ...}).
     """
-    rows = list(rows)
-    labelled = bool(rows) and rows[0][1] is not None
-    header = ["index", "pred", "class", "prob", *(f"prob_{n}" for n in class_names)]
-    correct = 0
+    name, score = task.score()
+    header, labelled, count = task.prediction_header(datamodule), False, 0
     with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*header, *(["label"] if labelled else [])])
-        for i, (probs, label) in enumerate(rows):
-            pred = max(range(len(probs)), key=probs.__getitem__)
-            correct += pred == label
-            shown = [f"{p:.6f}" for p in probs]
-            writer.writerow([i, pred, class_names[pred], shown[pred], *shown,
-                             *([label] if labelled else [])])  # fmt: skip
-    summary: dict[str, float] = {"samples": len(rows)}
-    if labelled:
-        summary["accuracy"] = correct / len(rows)
+        for i, (outputs, y) in enumerate(batches):
+            rows = task.prediction_rows(outputs, datamodule)
+            labels = [[]] * len(rows) if y is None else y.reshape(len(rows), -1).tolist()
+            if i == 0:
+                labelled = y is not None
+                width = len(labels[0]) if labelled else 0
+                label_names = ["label"] if width == 1 else [f"label_{k}" for k in range(width)]
+                writer.writerow(["index", *header, *label_names])
+            if y is not None:
+                score.update(outputs, y)
+            writer.writerows([count + k, *row, *label] for k, (row, label)
+                             in enumerate(zip(rows, labels, strict=True)))  # fmt: skip
+            count += len(rows)
+        if count == 0:
+            writer.writerow(["index", *header])
+    summary: dict[str, float] = {"samples": count}
+    if labelled and count:
+        try:
+            summary[name] = float(score.compute())
+        except ValueError:  # a score undefined on these rows (R^2 of a single sample)
+            pass
     return summary

@@ -15,7 +15,7 @@ from torch import nn
 from fasttrain.config.errors import UserError
 from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import EXPORTERS, Exporter, torch_runner
-from fasttrain.deploy.verify import Tolerance, print_report, verify, write_report
+from fasttrain.deploy.verify import OutputChecks, Tolerance, print_report, verify, write_report
 
 REPORT_NAME = "export_report.json"
 
@@ -51,8 +51,9 @@ def resolve_device(name: str) -> torch.device:
 
 def failures(report: dict[str, Any]) -> list[str]:
     """One line per format that missed its target."""
+    score = report.get("score", "accuracy")
     return [f"{name}: {row['target']} not met (max abs diff {row['max_abs_diff']:.2e}, "
-            f"agreement {row['agreement']:.2%}, accuracy {row['accuracy']:.2%})"
+            f"agreement {row['agreement']:.2%}, {score} {row[score]:.4g})"
             for name, row in report["formats"].items() if row.get("passed") is False]  # fmt: skip
 
 
@@ -86,6 +87,7 @@ def param_bytes(net: nn.Module) -> int:
 
 def export_and_verify(
     net: nn.Module,
+    checks: OutputChecks,
     exporters: Sequence[Exporter],
     example: torch.Tensor,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -98,7 +100,8 @@ def export_and_verify(
 ) -> dict[str, Any]:
     """Write each format into `out_dir` (atomically), check what reads back, write the report.
 
-    `net` is the fp32 net in eval mode (with its preprocessing: fasttrain.deploy.inputs);
+    `net` is the fp32 net in eval mode (with its preprocessing and output layer:
+    fasttrain.deploy.inputs); `checks` the task, which says how outputs compare;
     `example` a CPU batch of >= 2 inputs; `batches` the held-out (x, y) split the checks run on,
     as `net` takes it; `metadata` what the files take, written into each and into the report.
     Returns the report (also in export_report.json, merged with the rows of formats exported
@@ -117,16 +120,18 @@ def export_and_verify(
             info = exporter.write(net, example, tmp, metadata or {})
         rows[exporter.name] = {"file": exporter.filename, "size_bytes": path.stat().st_size, **info}
         candidates[exporter.name] = exporter.load(path, device)
-    results = verify(net, candidates, batches, latency_time)
-    fp32_acc = results["eager"]["accuracy"]
+    results = verify(net, checks, candidates, batches, latency_time)
+    score = checks.score()[0]
+    fp32_score = results["eager"][score]
     for name, result in results.items():
         rows[name].update(result)
         if name in EXPORTERS:
-            passed, target = tolerance.judge(EXPORTERS[name].criterion, rows[name], fp32_acc)
+            criterion = EXPORTERS[name].criterion
+            passed, target = tolerance.judge(criterion, rows[name], fp32_score, score)
             rows[name].update(passed=passed, target=target)
     report = {
         "checkpoint": source, "output_dir": str(out_dir), "device": str(device),
-        "test_samples": results["eager"]["samples"], "input": metadata or {},
+        "test_samples": results["eager"]["samples"], "score": score, "input": metadata or {},
         "formats": merged(out_dir, source, rows),
     }  # fmt: skip
     write_report(out_dir / REPORT_NAME, report)

@@ -1,4 +1,6 @@
-"""The check loop every format shares: logits against eager, top-1 agreement, accuracy, latency."""
+"""The check loop every format shares: outputs against eager, agreement, the task's held-out
+score (accuracy for a classifier, R^2 for a regressor), latency. What "the same answer" and "the
+score" mean comes from the task (fasttrain.models.task: `agreement`, `deviation`, `score`)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from rich import box
@@ -22,14 +24,25 @@ from fasttrain.deploy.formats import Criterion, Runner, torch_runner
 LATENCY_BATCHES = (1, 64)
 
 
+class OutputChecks(Protocol):
+    """The part of the task contract (fasttrain.models.task.Task) the checks use."""
+
+    def score(self) -> tuple[str, Any]: ...
+    def agreement(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor: ...
+    def deviation(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """What each format must reach to pass (compared with the eager fp32 net).
 
     Args:
-        max_abs_diff: ONNX, TorchScript: largest logit difference (and 100% top-1 agreement).
-        max_acc_drop: int8: test accuracy may be at most this much below fp32 (0.01 = 1 point).
-        min_agreement: fp16: smallest share of test samples with the same top-1 class.
+        max_abs_diff: ONNX, TorchScript: largest output difference on the net's own scale
+            (logits; target standard deviations for a regressor) and 100% agreement.
+        max_acc_drop: int8: the task's test score (accuracy, R^2) may be at most this much below
+            fp32's (0.01 = 1 point of accuracy).
+        min_agreement: fp16: smallest share of test samples with the same answer (the same
+            top-1 class; within 1% of a target's std).
     """
 
     max_abs_diff: float = 1e-4
@@ -43,34 +56,37 @@ class Tolerance:
         if not 0.0 <= self.min_agreement <= 1.0:
             raise ConfigError("min_agreement", self.min_agreement, "expected a share in [0, 1]")
 
-    def judge(self, criterion: Criterion, row: dict[str, Any], fp32_acc: float) -> tuple[bool, str]:
-        """(passed, the target in words) for one format's row of the report."""
+    def judge(self, criterion: Criterion, row: dict[str, Any], fp32_score: float,
+              score: str = "accuracy") -> tuple[bool, str]:  # fmt: skip
+        """(passed, the target in words) for one format's row of the report; `score` names the
+        row's score (the task's)."""
         if criterion == "exact":
             ok = row["max_abs_diff"] <= self.max_abs_diff and row["agreement"] == 1.0
             return ok, f"max abs diff <= {self.max_abs_diff:g} and 100% agreement"
         if criterion == "accuracy":
-            ok = fp32_acc - row["accuracy"] <= self.max_acc_drop
-            return ok, f"accuracy >= fp32 - {self.max_acc_drop:g}"
+            ok = fp32_score - row[score] <= self.max_acc_drop
+            return ok, f"{score} >= fp32 - {self.max_acc_drop:g}"
         return row["agreement"] >= self.min_agreement, f"agreement >= {self.min_agreement:g}"
 
 
-@dataclass
 class _Tally:
-    max_abs_diff: float = 0.0
-    agree: int = 0
-    correct: int = 0
-    seen: int = 0
+    """One candidate's running comparison with the eager net over the held-out batches."""
 
-    def add(self, logits: torch.Tensor, reference: torch.Tensor, target: torch.Tensor) -> None:
-        pred = logits.argmax(dim=1)
-        self.max_abs_diff = max(self.max_abs_diff, (logits - reference).abs().max().item())
-        self.agree += int((pred == reference.argmax(dim=1)).sum())
-        self.correct += int((pred == target).sum())
+    def __init__(self, checks: OutputChecks) -> None:
+        self.checks = checks
+        self.score_name, self.score = checks.score()
+        self.max_abs_diff, self.agree, self.seen = 0.0, 0, 0
+
+    def add(self, outputs: torch.Tensor, reference: torch.Tensor, target: torch.Tensor) -> None:
+        deviation = self.checks.deviation(outputs, reference)
+        self.max_abs_diff = max(self.max_abs_diff, deviation.max().item())
+        self.agree += int(self.checks.agreement(outputs, reference).sum())
+        self.score.update(outputs, target)
         self.seen += len(target)
 
     def summary(self) -> dict[str, float]:
         return {"max_abs_diff": self.max_abs_diff, "agreement": self.agree / self.seen,
-                "accuracy": self.correct / self.seen, "samples": self.seen}  # fmt: skip
+                self.score_name: float(self.score.compute()), "samples": self.seen}  # fmt: skip
 
 
 def median_ms(run: Runner, x: torch.Tensor, min_run_time: float) -> float:
@@ -85,20 +101,23 @@ def median_ms(run: Runner, x: torch.Tensor, min_run_time: float) -> float:
 
 def verify(
     net: nn.Module,
+    checks: OutputChecks,
     candidates: dict[str, tuple[Runner, torch.device]],
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     latency_time: float = 0.2,
 ) -> dict[str, dict[str, Any]]:
-    """Run `net` (fp32, eager) and every candidate over the held-out `batches` (x, y on CPU).
+    """Run `net` (fp32, eager) and every candidate over the held-out `batches` (x, y on CPU),
+    compared as the task (`checks`) says.
 
     Each candidate is compared with the eager net on the device it computes on, so a difference
     measures the export, not CPU against GPU kernels (TF32 convolutions, other reductions).
-    Returns, per candidate: max_abs_diff, agreement, accuracy, samples, device, and
+    Returns, per candidate: max_abs_diff, agreement, the task's score (e.g. accuracy), samples,
+    device, and
     latency_ms per batch size.
     """
     devices = {device for _, device in candidates.values()}
     references = {d: torch_runner(copy.deepcopy(net), d) for d in devices}
-    tallies = {name: _Tally() for name in candidates}
+    tallies = {name: _Tally(checks) for name in candidates}
     head: list[torch.Tensor] = []  # the first inputs, up to the largest latency batch
     for x, y in batches:
         expected = {d: run(x) for d, run in references.items()}
@@ -126,10 +145,12 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
 
 def print_report(report: dict[str, Any]) -> None:
     """One table: a row per format, the eager fp32 net first as the baseline."""
+    score = report.get("score", "accuracy")
+    shown = {"accuracy": "acc"}.get(score, score)
     table = Table(title=f"export check: {report['test_samples']} test samples vs eager fp32",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
     table.add_column("format")
-    for column in ("size", "max|Δ|", "agree", "acc", *(f"b{b} ms" for b in LATENCY_BATCHES)):
+    for column in ("size", "max|Δ|", "agree", shown, *(f"b{b} ms" for b in LATENCY_BATCHES)):
         table.add_column(column, justify="right")
     table.add_column("device")
     table.add_column("check")
@@ -140,7 +161,8 @@ def print_report(report: dict[str, Any]) -> None:
         check = "-" if "passed" not in row else ("[green]pass" if row["passed"] else "[red]FAIL")
         table.add_row(
             name, f"{row['size_bytes'] / 1024:.0f}K", f"{row['max_abs_diff']:.1e}",
-            f"{row['agreement']:.1%}", f"{row['accuracy']:.1%}",
+            f"{row['agreement']:.1%}",
+            f"{row[score]:.1%}" if score == "accuracy" else f"{row[score]:.4f}",
             *[f"{row['latency_ms'][str(b)]:.3g}" for b in LATENCY_BATCHES], row["device"], check,
         )  # fmt: skip
     # Never narrower than the table: a log file or a pipe reports 80 columns, and the table

@@ -1,4 +1,4 @@
-"""Hydra specs (`{"_target_": "pkg.Class", **args}`) of the objects a Classifier is built from.
+"""Hydra specs (`{"_target_": "pkg.Class", **args}`) of the objects a task is built from.
 
 Checkpoints store these plain containers instead of pickled objects, so they load with
 `torch.load(weights_only=True)` and a net is rebuilt by instantiating its spec.

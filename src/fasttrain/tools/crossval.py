@@ -36,9 +36,10 @@ class CrossValidationSummary(Callback):
 
 
 def summarize(sweep_dir: Path) -> dict[str, Any]:
-    """{"sweep_dir", "groups": [{"overrides", "folds", "runs", "missing", "metrics": {name:
-    {"mean", "std", "per_fold"}}}]}: std is the sample standard deviation (n - 1), null for one
-    fold; a metric is summarised only where every fold of its group logged it."""
+    """{"sweep_dir", "groups": [{"overrides", "monitor", "folds", "runs", "missing", "metrics":
+    {name: {"mean", "std", "per_fold"}}}]}: std is the sample standard deviation (n - 1), null
+    for one fold; a metric is summarised only where every fold of its group logged it; the
+    task's monitored metric (e.g. val/mse) comes first."""
     groups: dict[tuple[str, ...], list[tuple[int, Path]]] = {}
     for file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
         job = [str(o) for o in _yaml_list(file)]
@@ -57,13 +58,16 @@ def _group(overrides: list[str], jobs: list[tuple[int, Path]]) -> dict[str, Any]
     done = [(fold, run, _metrics(run)) for fold, run in jobs]
     folds = [(fold, run, m) for fold, run, m in done if m is not None]
     names = set.intersection(*(set(m) for _, _, m in folds)) if folds else set()
+    monitor = next((m for _, run, _ in folds if (m := _monitor(run))), None)
     metrics = {}
-    for name in sorted(names):
+    # The task's own metric first (its `monitor`, e.g. val/mse), then the rest by name.
+    for name in sorted(names, key=lambda n: (n != monitor, n)):
         values = [float(m[name]) for _, _, m in folds]
         std = statistics.stdev(values) if len(values) > 1 else None
         metrics[name] = {"mean": statistics.fmean(values), "std": std, "per_fold": values}
     return {
         "overrides": overrides,
+        "monitor": monitor,
         "folds": [fold for fold, _, _ in folds],
         "runs": [run.name for _, run, _ in folds],
         "missing": [run.name for _, run, m in done if m is None],  # no metrics.json: not finished
@@ -79,6 +83,12 @@ def _metrics(run: Path) -> dict[str, float] | None:
     return {k: v for k, v in values.items() if isinstance(v, (int, float))}
 
 
+def _monitor(run: Path) -> str | None:
+    """The metric the run's task is judged by, as its metrics.json records it."""
+    monitor = json.loads((run / "metrics.json").read_text()).get("monitor")
+    return monitor if isinstance(monitor, str) else None
+
+
 def _yaml_list(file: Path) -> list[Any]:
     from omegaconf import OmegaConf
 
@@ -86,7 +96,8 @@ def _yaml_list(file: Path) -> list[Any]:
 
 
 def show(summary: dict[str, Any], file: Path) -> None:
-    """One table per group: the val/ and test/ metrics, mean ± std, then each fold's value."""
+    """One table per group: the val/ and test/ metrics, mean ± std, then each fold's value; the
+    task's own metric first, in bold."""
     from rich.console import Console
     from rich.table import Table
 
@@ -102,7 +113,8 @@ def show(summary: dict[str, Any], file: Path) -> None:
         for name, m in group["metrics"].items():
             if name.startswith(("val/", "test/")):
                 std = "-" if m["std"] is None else f"{m['std']:.4f}"
-                table.add_row(name, f"{m['mean']:.4f}", std, *(f"{v:.4f}" for v in m["per_fold"]))
+                shown = f"[bold]{name}[/]" if name == group["monitor"] else name
+                table.add_row(shown, f"{m['mean']:.4f}", std, *(f"{v:.4f}" for v in m["per_fold"]))
         console.print(table)
         if group["missing"]:
             console.print(f"[bold]not finished[/] {', '.join(group['missing'])}")

@@ -138,10 +138,10 @@ def test_before_start_step_the_weights_are_used_as_they_are(tmp_path: Path) -> N
 
 
 def test_evaluate_loads_the_average(tmp_path: Path) -> None:
-    from fasttrain.checkpoints.load import load_classifier
+    from fasttrain.checkpoints.load import load_task
 
     _, model, _ = fit(composed(tmp_path, *EMA_RUN))
-    loaded, _ = load_classifier(cfg_dir(tmp_path) / "last.ckpt")
+    loaded, _ = load_task(cfg_dir(tmp_path) / "last.ckpt")
     assert_equal(raw_params(loaded), raw_params(model))
 
 

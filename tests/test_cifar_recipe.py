@@ -174,8 +174,8 @@ def test_label_smoothing_is_the_training_loss_only() -> None:
     model = Classifier(net, None, num_classes=3, label_smoothing=0.2)
     x, y = torch.randn(8, 4), torch.arange(8) % 3
     logits = net(x)
-    train_loss, _, _ = model._shared_step((x, y), model.label_smoothing)
-    eval_loss, _, _ = model._shared_step((x, y))
+    train_loss = model.loss(model.net_outputs(x), y, training=True)
+    eval_loss = model.loss(model.net_outputs(x), y, training=False)
     assert float(train_loss) == pytest.approx(
         float(F.cross_entropy(logits, y, label_smoothing=0.2))
     )

@@ -44,16 +44,17 @@ def export_cfg(ckpt: Path, tmp_path: Path, *overrides: str) -> DictConfig:
 
 
 @pytest.fixture(scope="module")
-def restored(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object]:
+def restored(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object, object]:
+    """(the net, its data module, the task: what export compares outputs by)."""
     model, datamodule = restore(export_cfg(ckpt, tmp_path_factory.mktemp("cfg")))
-    return model.net, datamodule
+    return model.net, datamodule, model
 
 
 def run_export(restored, formats: list[str], out_dir: Path, **tolerance: float) -> dict:
-    net, datamodule = restored
+    net, datamodule, task = restored
     example = next(iter(datamodule.test_dataloader()))[0]
     return export_and_verify(
-        net, [EXPORTERS[f] for f in formats], example, datamodule.test_dataloader(), out_dir,
+        net, task, [EXPORTERS[f] for f in formats], example, datamodule.test_dataloader(), out_dir,
         torch.device("cpu"), Tolerance(**tolerance), latency_time=0.01,
     )  # fmt: skip
 
@@ -104,10 +105,10 @@ def test_int8_and_fp16_files_are_torchscript_with_converted_weights(torch_export
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_torchscript_and_fp16_run_there(restored, tmp_path: Path) -> None:
-    net, datamodule = restored
+    net, datamodule, task = restored
     example = next(iter(datamodule.test_dataloader()))[0]
     report = export_and_verify(
-        net, [EXPORTERS["torchscript"], EXPORTERS["fp16"]], example,
+        net, task, [EXPORTERS["torchscript"], EXPORTERS["fp16"]], example,
         datamodule.test_dataloader(), tmp_path, torch.device("cuda"), Tolerance(), 0.05,
     )  # fmt: skip
     rows = report["formats"]
@@ -118,7 +119,7 @@ def test_on_cuda_torchscript_and_fp16_run_there(restored, tmp_path: Path) -> Non
 
 def test_int8_on_a_net_without_linear_layers_says_so(restored, tmp_path: Path) -> None:
     conv_only = nn.Sequential(nn.Conv2d(1, 10, kernel_size=8), nn.Flatten())  # [B,1,8,8]->[B,10]
-    report = run_export((conv_only, restored[1]), ["int8"], tmp_path)
+    report = run_export((conv_only, *restored[1:]), ["int8"], tmp_path)
     assert "no Linear layers" in report["formats"]["int8"]["skipped"]
     assert not (tmp_path / "model_int8.pt").exists()
 
@@ -218,7 +219,7 @@ def mismatched(tmp_path: Path, ckpt: Path) -> Path:
     ("make", "message"),
     [
         (corrupt, "not a readable checkpoint"),
-        (foreign, "not a fasttrain Classifier checkpoint"),
+        (foreign, "not a fasttrain task checkpoint"),
         (mismatched, "weights do not fit the net it names (Error(s) in loading state_dict"),
     ],
     ids=["corrupt", "other-model", "mismatched-weights"],

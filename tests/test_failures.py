@@ -43,9 +43,9 @@ def test_nan_with_guard_raise_leaves_last_good_checkpoint(tmp_path: Path) -> Non
     assert ckpt["global_step"] == 6
     assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
     # And it is a checkpoint the model loads from (what evaluate and resume do).
-    from fasttrain.checkpoints.load import load_classifier
+    from fasttrain.checkpoints.load import load_task
 
-    model, _ = load_classifier(tmp_path / "train/run/checkpoints/last.ckpt")
+    model, _ = load_task(tmp_path / "train/run/checkpoints/last.ckpt")
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fake_data import write_image_folder
-from fasttrain.checkpoints.load import load_classifier
+from fasttrain.checkpoints.load import load_task
 from fasttrain.models import Classifier
 from fasttrain.models.nets import SmallCNN
 
@@ -28,7 +28,7 @@ def test_classifier_normalises_uint8_on_the_device_as_the_host_reference(tmp_pat
     # The checkpoint carries the preprocessing: a reloaded model applies it too.
     ckpt = tmp_path / "m.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
-    rebuilt, _ = load_classifier(ckpt)
+    rebuilt, _ = load_task(ckpt)
     with torch.no_grad():
         assert torch.allclose(rebuilt(x), net(host), atol=1e-5)
     assert rebuilt.hparams["input_mean"] == MEAN
@@ -152,7 +152,7 @@ def test_checkpoint_stores_classes_and_the_device_normalisation(image_run) -> No
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert saved["datamodule_hyper_parameters"]["classes"] == ["cat", "dog", "fish"]
     assert saved["hyper_parameters"]["input_mean"] == 127.5
-    model, _ = load_classifier(ckpt)
+    model, _ = load_task(ckpt)
     assert float(model.input_std) == 127.5
 
 
@@ -194,7 +194,7 @@ def test_export_takes_raw_pixels(image_run, tmp_path: Path) -> None:
     assert report["formats"]["torchscript"]["passed"]
     assert report["formats"]["eager"]["accuracy"] == pytest.approx(metrics["test/acc"])
     scripted = torch.jit.load(str(tmp_path / "out" / "model.ts"))
-    model, _ = load_classifier(ckpt)
+    model, _ = load_task(ckpt)
     pixels = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     with torch.no_grad():
         assert torch.allclose(scripted(pixels.float()), model(pixels), atol=1e-4)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fasttrain.checkpoints.load import load_classifier
+from fasttrain.checkpoints.load import load_task
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.models import Classifier
 from fasttrain.models.nets import MLP, ResNet, SmallCNN
@@ -75,7 +75,7 @@ def test_checkpoint_round_trip_rebuilds_the_same_model(tmp_path) -> None:
     trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
     path = tmp_path / "m.ckpt"
     trainer.save_checkpoint(path)
-    rebuilt, _ = load_classifier(path)
+    rebuilt, _ = load_task(path)
     x = torch.randn(5, 1, 8, 8)
     model.eval()
     assert torch.equal(rebuilt(x), model(x))
@@ -89,7 +89,7 @@ def test_checkpoint_round_trip_rebuilds_the_same_model(tmp_path) -> None:
         (b"not a checkpoint", "not a readable checkpoint"),
         (
             {"state_dict": {}, "hyper_parameters": {"lr": 1}},
-            "not a fasttrain Classifier checkpoint",
+            "not a fasttrain task checkpoint",
         ),
         ({"weights": 1}, "not a Lightning checkpoint"),
     ],
@@ -101,7 +101,7 @@ def test_bad_checkpoints_are_refused_clearly(tmp_path, content, message) -> None
     elif content is not None:
         torch.save(content, path)
     with pytest.raises(UserError, match=message):
-        load_classifier(path)
+        load_task(path)
 
 
 def test_classifier_rejects_bad_values() -> None:

@@ -56,7 +56,7 @@ def test_shapes_logs_each_module_once(tmp_path: Path, caplog: pytest.LogCaptureF
     assert "shape  net.features.0 (Conv2d): in (float32[64, 1, 8, 8]) -> out float32[64, " in (
         "\n".join(lines)
     )
-    assert any(line.startswith("shape  <model> (Classifier): ") for line in lines)
+    assert any(line.startswith("shape  net (SmallCNN): ") for line in lines)  # the task's net
     assert any(line.endswith("-> out float32[64, 10]") for line in lines)  # the logits
 
 

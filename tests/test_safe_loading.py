@@ -76,7 +76,7 @@ def test_pickled_code_is_refused_and_never_runs(
 NET = {"_target_": "fasttrain.models.nets.mlp.MLP", "input_shape": [1, 8, 8], "num_classes": 10}
 ADAMW = {"_target_": "torch.optim.adamw.AdamW", "_partial_": True, "lr": 0.003}
 REFUSAL = (
-    "which is not a net of this project, a torch optimizer or scheduler, a data module of this "
+    "which is not a net or task of this project, a torch optimizer or scheduler, a data module of this "
     "project, or a target in conf/"
 )
 
@@ -241,7 +241,7 @@ def test_interpolations_in_a_spec_are_refused(tmp_path: Path) -> None:
 
 
 def test_a_data_target_outside_the_allowlist_is_refused(tmp_path: Path) -> None:
-    from fasttrain.checkpoints.load import load_classifier
+    from fasttrain.checkpoints.load import load_task
     from fasttrain.config.errors import UserError
 
     ckpt = tmp_path / "data.ckpt"
@@ -249,7 +249,7 @@ def test_a_data_target_outside_the_allowlist_is_refused(tmp_path: Path) -> None:
                 "hyper_parameters": {"net": NET, "optimizer": ADAMW, "num_classes": 10}},
                ckpt)  # fmt: skip
     with pytest.raises(UserError, match=r"its data names subprocess\.Popen,"):
-        load_classifier(ckpt)
+        load_task(ckpt)
 
 
 class OutsideNet(torch.nn.Module):
@@ -265,7 +265,7 @@ class OutsideNet(torch.nn.Module):
 
 
 def test_a_caller_can_allow_its_own_net_explicitly(tmp_path: Path) -> None:
-    from fasttrain.checkpoints.load import load_classifier
+    from fasttrain.checkpoints.load import load_task
     from fasttrain.config.errors import UserError
     from fasttrain.models import Classifier
 
@@ -274,8 +274,8 @@ def test_a_caller_can_allow_its_own_net_explicitly(tmp_path: Path) -> None:
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
     name = f"{OutsideNet.__module__}.OutsideNet"
     with pytest.raises(UserError, match=f"its net names {name}"):
-        load_classifier(ckpt)
-    rebuilt, _ = load_classifier(ckpt, allow=[name])
+        load_task(ckpt)
+    rebuilt, _ = load_task(ckpt, allow=[name])
     x = torch.randn(3, 1, 8, 8)
     assert torch.equal(rebuilt(x), model.eval()(x))
 

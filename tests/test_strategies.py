@@ -18,10 +18,10 @@ from fasttrain.distributed.dp import _ReplicaStep
 
 def full_split_accuracy(ckpt: str, split: str, precision: torch.dtype | None) -> float:
     """Accuracy of a checkpoint on the whole split, in this one process."""
-    from fasttrain.checkpoints.load import load_classifier
+    from fasttrain.checkpoints.load import load_task
     from fasttrain.data import DigitsDataModule
 
-    model, _ = load_classifier(ckpt)
+    model, _ = load_task(ckpt)
     model.eval()
     data = DigitsDataModule(num_workers=0)
     data.setup()

@@ -139,9 +139,10 @@ class Task(L.LightningModule):
         raise NotImplementedError
 
     def deviation(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-        """Elementwise |outputs - reference| on the net's own scale (what export's max|diff|
-        tolerance is in)."""
-        return (outputs - reference).abs()
+        """Elementwise difference that export's max|diff| tolerance is in: absolute where the
+        reference is within [-1, 1] (logits), relative beyond (float32 keeps ~7 digits, so an
+        output of 150 in its own units cannot match to 1e-4 absolute)."""
+        return (outputs - reference).abs() / reference.abs().clamp(min=1)
 
     def data_mismatch(self, datamodule: Any) -> str | None:
         """Why `datamodule` cannot feed this model (None: it can)."""

@@ -1,0 +1,114 @@
+"""Every task × each of its nets × its data, discovered from conf/ (a task added there is
+tested the day it is added, with no edit here).
+
+- A task is a `conf/model/*.yaml` option; options with the same `_target_` are presets of one
+  task (cnn.yaml and mlp.yaml of classifier.yaml), and the task's own file is the one whose
+  name is its class's.
+- Its data is the first data option (the default, digits, then by name) whose composed config
+  resolves with it and that the task says it can take (`data_mismatch`); one that needs files or
+  an extra it cannot find here is passed over.
+- Its nets are the `conf/model/net/*.yaml` options that build for that data's `input_shape` and
+  map a batch of it to outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from conftest import CONF
+
+DEFAULT_DATA = "digits"
+# Keep each run to a few batches: `++` adds or replaces whatever the file set.
+SHORT = [
+    "++trainer.max_epochs=1", "++trainer.limit_train_batches=3", "++trainer.limit_val_batches=2",
+    "++trainer.limit_test_batches=2", "data.num_workers=0", "logger=none",
+]  # fmt: skip
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def data_options() -> list[str]:
+    rest = [d for d in options("data") if d != DEFAULT_DATA]
+    return [DEFAULT_DATA, *rest]
+
+
+def compose_train(overrides: list[str], tmp_path: Path | None = None) -> DictConfig:
+    where = [f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run"] if tmp_path else []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=[*overrides, *where])
+
+
+@functools.cache
+def task_files() -> dict[str, str]:
+    """The model option that is each task's own file -> the task's class name."""
+    targets: dict[str, list[str]] = {}
+    for option in options("model"):
+        target = str(compose_train([f"model={option}"]).model._target_)
+        targets.setdefault(target, []).append(option)
+    found = {}
+    for target, files in targets.items():
+        name = target.rsplit(".", 1)[-1]
+        own = next((f for f in files if f.replace("_", "") == name.lower()), files[0])
+        found[own] = name
+    return found
+
+
+@functools.cache
+def data_for(model_option: str) -> str | None:
+    """The first data option this model composes with and takes."""
+    from fasttrain.assemble import build
+
+    for data in data_options():
+        try:
+            cfg = compose_train([f"model={model_option}", f"data={data}", "model/net=mlp"])
+            OmegaConf.to_container(cfg.model, resolve=True)
+            datamodule = build(cfg.data, "data")
+            model = build(cfg.model, "model")
+        except Exception:  # another kind of data (labels vs targets), or files it lacks here
+            continue
+        if model.data_mismatch(datamodule) is None:
+            return data
+    return None
+
+
+@functools.cache
+def nets_for(model_option: str, data: str) -> tuple[str, ...]:
+    """The net options that build for the data's input shape and take a batch of it."""
+    import torch
+
+    from fasttrain.assemble import build
+
+    fitting = []
+    for net in options("model/net"):
+        cfg = compose_train([f"model={model_option}", f"data={data}", f"model/net={net}"])
+        shape = list(cfg.data.input_shape)
+        try:
+            model = build(cfg.model, "model").eval()
+            with torch.no_grad():
+                model(torch.zeros(2, *shape))
+        except Exception:  # e.g. a CNN on flat tabular inputs
+            continue
+        fitting.append(net)
+    return tuple(fitting)
+
+
+def cases() -> list[tuple[str, str, str]]:
+    """(task option, data option, net option) for every task and each of its nets."""
+    found = []
+    for task in task_files():
+        data = data_for(task)
+        assert data is not None, f"no data option in conf/data fits model={task}"
+        nets = nets_for(task, data)
+        assert nets, f"no net option in conf/model/net fits model={task} data={data}"
+        found += [(task, data, net) for net in nets]
+    return found
+
+
+def case_id(case: tuple[str, str, str]) -> str:
+    return "-".join(case)

@@ -188,7 +188,7 @@ def test_readme_layout_names_existing_paths_and_every_module() -> None:
     unnamed = [str(p.relative_to(REPO)) for p in modules_
                if p not in named and p.parent not in USER_FOLDERS]  # fmt: skip
     assert not unnamed, f"README Layout does not name: {unnamed}"
-    assert USER_FOLDERS <= named, "README Layout does not name every folder user code goes into"
+    assert named >= USER_FOLDERS, "README Layout does not name every folder user code goes into"
 
 
 # Where a user adds a net, a data set or a task (README "Add your own ..."): new files only.

@@ -10,10 +10,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
+from task_cases import DEFAULT_DATA, compose_train, data_for, task_files
 
 from conftest import CONF
 from fake_data import write_for
-from task_cases import DEFAULT_DATA, compose_train, data_for, task_files
 from fasttrain.assemble import build, build_all
 from fasttrain.config.errors import UserError
 from fasttrain.config.schema import validate

@@ -44,7 +44,9 @@ def export_cfg(ckpt: Path, tmp_path: Path, *overrides: str) -> DictConfig:
 
 
 @pytest.fixture(scope="module")
-def restored(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, object, object]:
+def restored(
+    ckpt: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[nn.Module, object, object]:
     """(the net, its data module, the task: what export compares outputs by)."""
     model, datamodule = restore(export_cfg(ckpt, tmp_path_factory.mktemp("cfg")))
     return model.net, datamodule, model

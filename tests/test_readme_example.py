@@ -102,8 +102,13 @@ def test_each_example_trains_evaluates_exports_and_predicts(
 
 @pytest.mark.slow  # copies the repository, ~2 min of processes: CI runs it in make test-slow
 def test_examples_in_a_copy_pass_the_unchanged_suite(tmp_path: Path) -> None:
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     copy = tmp_path / "copy"
     for rel in listed:
         if (REPO / rel).is_file():

@@ -76,8 +76,8 @@ def test_pickled_code_is_refused_and_never_runs(
 NET = {"_target_": "fasttrain.models.nets.mlp.MLP", "input_shape": [1, 8, 8], "num_classes": 10}
 ADAMW = {"_target_": "torch.optim.adamw.AdamW", "_partial_": True, "lr": 0.003}
 REFUSAL = (
-    "which is not a net or task of this project, a torch optimizer or scheduler, a data module of this "
-    "project, or a target in conf/"
+    "which is not a net or task of this project, a torch optimizer or scheduler, a data module of "
+    "this project, or a target in conf/"
 )
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import DictConfig, open_dict
-
 from task_cases import SHORT, case_id, cases, compose_train
+
 from fasttrain.assemble import build_model, restore
 from fasttrain.checkpoints.load import load_task
-from fasttrain.models.task import TASK_TARGET_KEY, Task
 from fasttrain.models.spec import qualname
+from fasttrain.models.task import TASK_TARGET_KEY, Task
 
 CASES = cases()
 
@@ -74,7 +74,7 @@ def test_short_run_then_evaluate_export_predict(
 ) -> None:  # fmt: skip
     from fasttrain.tasks import evaluate, export, predict
 
-    run, metrics, cfg = run_of(case, trained, tmp_path_factory)
+    run, metrics, _ = run_of(case, trained, tmp_path_factory)
     _, data, _ = case
     record = json.loads((run / "metrics.json").read_text())
     best = Path(record["checkpoint"])
@@ -116,7 +116,8 @@ def test_short_run_then_evaluate_export_predict(
         rows = list(csv.reader(f))
     header = rows[0]
     assert header[: 1 + len(model.prediction_header(datamodule))] == [
-        "index", *model.prediction_header(datamodule)
+        "index",
+        *model.prediction_header(datamodule),
     ]
     assert header[-1].startswith("label")
     assert len(rows) - 1 == len(datamodule.test_dataloader().dataset)

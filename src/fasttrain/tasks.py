@@ -96,9 +96,10 @@ def export(cfg: Any) -> dict[str, Any]:
     x = next(raw_batches(datamodule.test_dataloader(), mean, std, model))[0]
     example = x[torch.arange(max(2, len(x))) % len(x)]  # torch.export needs a batch of >= 2
     out_dir = Path(cfg.output_dir) if cfg.output_dir else run_dir_of(cfg.ckpt_path) / "export"
+    checked = raw_batches(datamodule.test_dataloader(), mean, std, model)
     result = export_and_verify(
-        deployed, model, exporters, example, raw_batches(datamodule.test_dataloader(), mean, std, model),
-        out_dir, device, tolerance, float(cfg.latency_time), source=str(cfg.ckpt_path),
+        deployed, model, exporters, example, checked, out_dir, device, tolerance,
+        float(cfg.latency_time), source=str(cfg.ckpt_path),
         metadata=describe(mean, std, datamodule.input_shape),
     )  # fmt: skip
     missed = failures(result)
@@ -232,7 +233,9 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str) -> dict[str, st
     if ckpt:
         # The data group the run used: evaluate and export rebuild that data module (its split
         # and settings from the checkpoint), and refuse another.
-        choice = HydraConfig.get().runtime.choices.get("data") if HydraConfig.initialized() else None
+        choice = (
+            HydraConfig.get().runtime.choices.get("data") if HydraConfig.initialized() else None
+        )
         arg = shell_word(f"ckpt_path={quote(shown(ckpt))}") + (f" data={choice}" if choice else "")
         commands["evaluate"] = f"{python} -m fasttrain.evaluate {arg}"
         commands["export"] = f"{python} -m fasttrain.export {arg}"

@@ -4,10 +4,10 @@ weights after each optimizer step, on Lightning's EMAWeightAveraging / WeightAve
     python train.py callbacks/averaging=ema callbacks.averaging.decay=0.998
     python train.py callbacks/averaging=swa callbacks.averaging.start_step=2000
 
-Validation runs on the averaged weights, so the task's validation metrics, the best checkpoint and the test after
-fit are the average's; checkpoints hold the average in `state_dict` (what evaluate, export and
-predict load) and the raw weights in `current_model_state`, with the average's count in
-`averaging_state`, so a resume continues both exactly.
+Validation runs on the averaged weights, so the task's validation metrics, the best checkpoint
+and the test after fit are the average's; checkpoints hold the average in `state_dict` (what
+evaluate, export and predict load) and the raw weights in `current_model_state`, with the
+average's count in `averaging_state`, so a resume continues both exactly.
 
 What this adds to Lightning's callbacks:
 - no device-to-host sync per update: torch's AveragedModel reads its step counter `n_averaged`

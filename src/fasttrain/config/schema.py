@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections.abc as abc
 import difflib
 import inspect
+import re
 import types
 import typing
 from typing import Any, Literal, Union, cast
@@ -32,6 +33,7 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
     """Walk `node`; check every `_target_` node it holds, and with `entry` (a config name such as
     "train") the top-level keys of that entry. Raises UserError on the first problem."""
     if entry is not None:
+        check_pairing(node)
         check_settings(node, entry)
     if isinstance(node, DictConfig):
         if "_target_" in node:
@@ -49,6 +51,30 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
     elif isinstance(node, ListConfig):
         for i, item in enumerate(node):
             validate(item, f"{path}[{i}]")
+
+
+def check_pairing(cfg: DictConfig) -> None:
+    """The model and data groups fit together: a value one takes from the other (the
+    classifier's `${data.num_classes}`, a regression task's `${data.num_targets}`) exists. One
+    line instead of OmegaConf's traceback when, e.g., a task meets a data set of another kind."""
+    from omegaconf.errors import InterpolationKeyError
+
+    for group in ("model", "data"):
+        if isinstance(cfg.get(group), DictConfig):
+            try:
+                OmegaConf.to_container(cfg[group], resolve=True)
+            except InterpolationKeyError as err:
+                wanted = re.search(r"'([^']+)'", str(err.msg))
+                key = wanted.group(1) if wanted else str(err.msg)
+                raise UserError(
+                    f"{err.full_key}: takes ${{{key}}}, which the selected data set does not "
+                    f"set ({_target_of(cfg, 'data')}); model= and data= must be of one kind "
+                    "(class labels: num_classes, regression targets: num_targets)"
+                ) from None
+
+
+def _target_of(cfg: DictConfig, group: str) -> str:
+    return str(OmegaConf.select(cfg, f"{group}._target_", default="none"))
 
 
 def _join(path: str, key: Any) -> str:

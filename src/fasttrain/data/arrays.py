@@ -114,7 +114,6 @@ class ArraySplits(TensorDataModule):
         )  # fmt: skip
         return train, val, test
 
-
     def input_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of the training split, float32, each a scalar or [*input_shape]: the net
         takes (raw - mean) / std. Exports carry them, so a deployment feeds raw inputs."""

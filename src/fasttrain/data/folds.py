@@ -30,7 +30,11 @@ def check_folds(num_folds: int, fold: int | None) -> None:
 
 
 def fold_indices(
-    y: np.ndarray, num_folds: int, fold: int, test_fraction: float, seed: int,
+    y: np.ndarray,
+    num_folds: int,
+    fold: int,
+    test_fraction: float,
+    seed: int,
     stratify: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(train, val, test) row indices into y [N] for fold `fold` of `num_folds`; `stratify`:

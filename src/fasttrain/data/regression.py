@@ -63,8 +63,9 @@ class RegressionArrayDataModule(ArraySplits):
             )
         bad = np.flatnonzero(~np.isfinite(y).all(axis=1))
         if len(bad):
+            row = bad[0]
             raise ConfigError("num_targets", self.num_targets,
-                              f"target row {bad[0]} is not finite ({y[bad[0]].tolist()})")  # fmt: skip
+                              f"target row {row} is not finite ({y[row].tolist()})")  # fmt: skip
         return torch.as_tensor(y, dtype=torch.float32)
 
     def fit_targets(self, train_targets: torch.Tensor) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,8 +77,6 @@ def write_predictions(
             writer.writerow(["index", *header])
     summary: dict[str, float] = {"samples": count}
     if labelled and count:
-        try:
+        with contextlib.suppress(ValueError):  # undefined on these rows (R^2 of one sample)
             summary[name] = float(score.compute())
-        except ValueError:  # a score undefined on these rows (R^2 of a single sample)
-            pass
     return summary

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import Metric
+from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from fasttrain.config.errors import ConfigError
@@ -39,7 +39,9 @@ class Classifier(Task):
 
     monitor = "val/acc"
     monitor_mode = "max"
-    charts = {"accuracy: train vs val": [r"^train/acc$", r"^val/acc(_best)?$"]}
+    charts: ClassVar[dict[str, list[str]]] = {
+        "accuracy: train vs val": [r"^train/acc$", r"^val/acc(_best)?$"]
+    }
     train_sum_names = ("acc",)
 
     def __init__(
@@ -73,7 +75,7 @@ class Classifier(Task):
         smoothing = self.label_smoothing if training else 0.0
         return F.cross_entropy(outputs, y, label_smoothing=smoothing)
 
-    def make_metrics(self) -> dict[str, Metric]:
+    def make_metrics(self) -> dict[str, Metric | MetricCollection]:
         # micro average = plain accuracy (fraction of correct predictions).
         return {"acc": MulticlassAccuracy(self.num_classes, average="micro")}
 

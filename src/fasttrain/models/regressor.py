@@ -4,12 +4,12 @@ targets, metrics and predictions in the targets' own units."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, R2Score
+from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection, R2Score
 
 from fasttrain.config.errors import ConfigError
 from fasttrain.models.task import LrScaling, OptimizerFactory, SchedulerFactory, Task
@@ -51,7 +51,7 @@ class Regressor(Task):
 
     monitor = "val/mse"
     monitor_mode = "min"
-    charts = {
+    charts: ClassVar[dict[str, list[str]]] = {
         "mse: train vs val": [r"^train/mse$", r"^val/mse(_best)?$"],
         "R2 and MAE (val)": [r"^val/r2$", r"^val/mae$"],
     }
@@ -90,7 +90,8 @@ class Regressor(Task):
     def setup(self, stage: str) -> None:
         # The training split's target statistics; a resumed run or a loaded checkpoint gets the
         # recorded ones back (they are buffers of the state_dict).
-        stats = getattr(self.trainer.datamodule, "target_statistics", None)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        stats = getattr(datamodule, "target_statistics", None)
         if stage == "fit" and stats is not None:
             mean, std = stats()
             self.target_scale.mean.copy_(mean.reshape(-1))  # type: ignore[operator]
@@ -105,7 +106,7 @@ class Regressor(Task):
     def output_layer(self) -> nn.Module:
         return self.target_scale
 
-    def make_metrics(self) -> dict[str, Metric]:
+    def make_metrics(self) -> dict[str, Metric | MetricCollection]:
         # Over [B, num_targets]: MSE and MAE over every value, R^2 averaged over the targets.
         return {"mse": MeanSquaredError(), "mae": MeanAbsoluteError(), "r2": R2Score()}
 
@@ -118,14 +119,20 @@ class Regressor(Task):
         return [f"pred_{name}" for name in self.target_names(datamodule)]
 
     def prediction_rows(self, outputs: torch.Tensor, datamodule: Any) -> list[list[Any]]:
-        return [[f"{v:.6g}" for v in row] for row in outputs.float().reshape(len(outputs), -1).tolist()]
+        return [
+            [f"{v:.6g}" for v in row] for row in outputs.float().reshape(len(outputs), -1).tolist()
+        ]
 
     def target_names(self, datamodule: Any) -> list[str]:
         """The data module's `target_names`, else "target" (one) or "target_0", "target_1"..."""
         names = getattr(datamodule, "target_names", None)
         if names:
             return [str(n) for n in names]
-        return ["target"] if self.num_targets == 1 else [f"target_{i}" for i in range(self.num_targets)]
+        return (
+            ["target"]
+            if self.num_targets == 1
+            else [f"target_{i}" for i in range(self.num_targets)]
+        )
 
     def score(self) -> tuple[str, Metric]:
         return "r2", R2Score()
@@ -133,10 +140,14 @@ class Regressor(Task):
     def deviation(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
         # In target standard deviations: the net's own scale, whatever the targets' units.
         std = self.target_scale.std.to(outputs.device)  # type: ignore[operator]
-        return (outputs - reference).abs() / std
+        return (outputs - reference).abs() / std  # type: ignore[operator]
 
     def agreement(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-        return (self.deviation(outputs, reference) <= AGREEMENT_STDS).reshape(len(outputs), -1).all(dim=1)
+        return (
+            (self.deviation(outputs, reference) <= AGREEMENT_STDS)
+            .reshape(len(outputs), -1)
+            .all(dim=1)
+        )
 
     def data_mismatch(self, datamodule: Any) -> str | None:
         targets = getattr(datamodule, "num_targets", None)

@@ -109,7 +109,7 @@ class Task(L.LightningModule):
         """The mean loss of a batch of raw net outputs (`training`: the training step's)."""
         raise NotImplementedError
 
-    def make_metrics(self) -> dict[str, Metric]:
+    def make_metrics(self) -> dict[str, Metric | MetricCollection]:
         """Validation and test metrics beside the loss (name -> torchmetrics Metric), updated
         with (outputs in the task's units, y); built once per stage."""
         return {}
@@ -220,7 +220,9 @@ class Task(L.LightningModule):
 
         taken = inspect.signature(cls.__init__).parameters
         args = {k: v for k, v in hparams.items() if k in taken and k not in SPEC_KEYS}
-        specs = {k: instantiate(hparams[k]) if hparams.get(k) else None for k in SPEC_KEYS}
+        specs: dict[str, Any] = {
+            k: instantiate(hparams[k]) if hparams.get(k) else None for k in SPEC_KEYS
+        }
         model = cls(**specs, **args)
         # A net that records no arguments of its own (a plain nn.Module) keeps its stored spec,
         # so this model saves and loads again.

@@ -146,3 +146,26 @@ def _has(*modules: str) -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("os.system", "refused, its task names os.system"),
+        ("fasttrain.models.spec.plain", "refused, its task names fasttrain.models.spec.plain"),
+        ("fasttrain.models.task.Task", "does not follow the task contract"),
+    ],
+)
+def test_a_checkpoint_naming_another_task_is_refused_before_anything_is_built(
+    target: str, message: str, tmp_path: Path
+) -> None:
+    from fasttrain.config.errors import UserError
+
+    cfg = compose_train(["model=mlp"], tmp_path)
+    model = build_model(cfg.model)
+    ckpt = tmp_path / "crafted.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
+                TASK_TARGET_KEY: target}, ckpt)  # fmt: skip
+    with pytest.raises(UserError, match=message) as err:
+        load_task(ckpt)
+    assert "\n" not in str(err.value)

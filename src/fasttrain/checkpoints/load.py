@@ -77,7 +77,8 @@ def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[
     task_spec = {"_target_": task_target}
     check_specs({"task": task_spec, **hparams, "data": data}, f"ckpt_path={path}", allow)
     task = get_object(str(task_target))
-    if not (isinstance(task, type) and issubclass(task, Task)):
+    # The class must be a task that writes the contract's pieces (the base class writes none).
+    if not (isinstance(task, type) and issubclass(task, Task)) or task.loss is Task.loss:
         raise UserError(f"ckpt_path={path}: its task {task_target} does not follow the task "
                         "contract (a subclass of fasttrain.models.task.Task)")  # fmt: skip
     try:

@@ -145,3 +145,12 @@ def test_a_task_and_data_of_another_kind_fail_in_one_line(overrides: list[str]) 
 
     with pytest.raises(UserError, match=r"^model\.(net\.)?num_classes: takes \$\{data\.num_"):
         validate(compose_train(overrides), entry="train")
+
+
+def test_a_model_that_does_not_fit_its_data_is_refused_before_the_run(tmp_path: Path) -> None:
+    from fasttrain.assemble import build_run
+    from fasttrain.config.errors import UserError
+
+    with pytest.raises(UserError, match=r"2 regression targets, but data has 1$"):
+        build_run(compose_train([*RUN, "model.num_targets=2"], tmp_path))
+    assert not (tmp_path / "run").exists()

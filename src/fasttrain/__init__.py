@@ -99,11 +99,16 @@ def _task_monitor(attribute: str, _root_: Any) -> str:
     the same in Optuna's words (minimize), `${monitor:short}` its last part for file names (mse).
     One source of truth, the task class (fasttrain.models.task); a module without them:
     val/loss, min."""
-    from hydra.utils import get_object
+    import importlib
+
     from omegaconf import OmegaConf
 
-    target = OmegaConf.select(_root_, "model._target_", default=None)
-    task = get_object(str(target)) if target else None
+    target = str(OmegaConf.select(_root_, "model._target_", default=None) or "")
+    module, _, name = target.rpartition(".")
+    try:
+        task = getattr(importlib.import_module(module), name) if module else None
+    except Exception:  # config validation reports a target that cannot be imported, in one line
+        task = None
     mode = str(getattr(task, "monitor_mode", "min"))
     if attribute in ("mode", "direction"):  # direction: as Optuna says it
         return mode if attribute == "mode" else f"{mode[:3]}imize"

@@ -99,6 +99,10 @@ def build_run(
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data, "data")
     model = build_model(cfg.model, **model_kwargs)
+    mismatch = getattr(model, "data_mismatch", lambda _: None)(datamodule)
+    if mismatch:  # e.g. model.num_targets=2 on a data set with one target per sample
+        raise UserError(f"model ({cfg.model._target_}) does not fit data "
+                        f"({cfg.data._target_}): {mismatch}")  # fmt: skip
     every = [*build_all(cfg.get("callbacks"), "callbacks"), ResumeState(cfg.seed), *callbacks]
     loggers = build_all(cfg.get("logger"), "logger")
     for logger in loggers:  # TensorBoard's layout: the task's own charts (fasttrain.models.task)

@@ -91,7 +91,10 @@ def _signature(target: str, path: str) -> tuple[dict[str, inspect.Parameter], di
     try:
         obj = get_object(target)
     except Exception as err:
-        raise UserError(f"{_join(path, '_target_')}={target}: cannot be imported ({err})") from None
+        detail = " ".join(str(err).split())  # Hydra's message spans lines; the error is one
+        raise UserError(
+            f"{_join(path, '_target_')}={target}: cannot be imported ({detail})"
+        ) from None
     if inspect.isclass(obj) and obj.__module__.startswith("fasttrain."):
         funcs = [vars(c)["__init__"] for c in obj.__mro__ if "__init__" in vars(c)]
     else:

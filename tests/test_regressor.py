@@ -154,3 +154,26 @@ def test_a_model_that_does_not_fit_its_data_is_refused_before_the_run(tmp_path: 
     with pytest.raises(UserError, match=r"2 regression targets, but data has 1$"):
         build_run(compose_train([*RUN, "model.num_targets=2"], tmp_path))
     assert not (tmp_path / "run").exists()
+
+
+def test_predictions_are_in_the_targets_units(default_run, tmp_path: Path) -> None:
+    import csv
+
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONF
+    from fasttrain.tasks import predict
+
+    run, metrics = default_run
+    best = next((run / "checkpoints").glob("epoch*.ckpt"))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("predict", overrides=[
+            f"ckpt_path={best}", "data=diabetes", f"paths.root_dir={tmp_path}",
+            f"paths.output_dir={tmp_path}/run", f"output_dir={tmp_path}",
+        ])  # fmt: skip
+    with predict(cfg).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    pred = torch.tensor([float(r["pred_target"]) for r in rows])
+    label = torch.tensor([float(r["label"]) for r in rows])
+    assert 25 <= float(label.min()) and float(label.max()) <= 346  # disease progression units
+    assert float(F.mse_loss(pred, label)) == pytest.approx(metrics["test/mse"], rel=1e-4)

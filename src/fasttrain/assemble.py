@@ -8,8 +8,9 @@ e.g. `data.batch_size=0: expected an int >= 1`.
 `Trainer` is lightning.Trainer with checked strategy, accumulation and clipping arguments:
 Lightning annotates `gradient_clip_algorithm` as a plain str, checks `strategy` only when it
 builds the accelerator connector (with an incomplete list of names) and never checks the sign of
-`gradient_clip_val`. It also trims Lightning's per-step cost of calling hooks that do nothing
-(`NoProfiler`, `skip_unused_step_hooks`). Every other argument passes through unchanged (and
+`gradient_clip_val`. Its ModelCheckpoints restore only the files of their own folder
+(`confine_restored_paths`). It also trims Lightning's per-step cost of calling hooks that do
+nothing (`NoProfiler`, `skip_unused_step_hooks`). Every other argument passes through unchanged (and
 fasttrain.config.schema checks them against Lightning's own signature).
 """
 
@@ -33,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import fasttrain.distributed  # noqa: F401  (registers `dp` before any Trainer is built)
 from fasttrain.checkpoints.io import AtomicCheckpointIO
-from fasttrain.checkpoints.resume import ResumeState
+from fasttrain.checkpoints.resume import ResumeState, confine_restored_paths
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.schema import validate
 from fasttrain.models.spec import plain
@@ -296,6 +297,8 @@ class Trainer(L.Trainer):
         # Those given and those Lightning added (model summary); its stubs lack `callbacks`.
         for callback in self.callbacks:  # type: ignore[attr-defined]
             skip_unused_step_hooks(callback)
+            if isinstance(callback, ModelCheckpoint):  # a resumed state names only its files
+                confine_restored_paths(callback)
 
     def fit(self, model: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         if isinstance(model, L.LightningModule):  # anything else: Lightning's own error

@@ -20,18 +20,20 @@ writes anything into the run folder, so a refusal never touches the run it refus
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from pathlib import Path
 from typing import Any, cast
 
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from fasttrain import shown
 from fasttrain.checkpoints.load import read_checkpoint
 from fasttrain.config.errors import UserError
 
 LAST = "last.ckpt"
+log = logging.getLogger(__name__)
 
 
 def checkpoint_to_resume(resume: str | None, output_dir: str | Path) -> str | None:
@@ -157,6 +159,51 @@ def how_to_continue(saved: str | None) -> str:
     if found:
         return f"the newest checkpoint is {shown(found)}; continue from it with: {command}"
     return f"no checkpoint to continue from; start over with: {command}"
+
+
+# ModelCheckpoint state entries that name files: Lightning reads them back on resume and later
+# deletes "old" checkpoints among them (its check that a path lies under `dirpath` does not
+# collapse `..` or follow symlinks).
+PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def confine_restored_paths(callback: ModelCheckpoint) -> None:
+    """Make `callback` restore only the paths of its state that resolve inside its own folder.
+
+    A checkpoint is input like any other: a crafted (or copied) `last.ckpt` whose ModelCheckpoint
+    state names `<dirpath>/../../victim.txt` would have that file deleted as an "old" checkpoint,
+    or read as the best one. Each such path is dropped, said in one line, when the state is
+    loaded (before any training step); set on the instance, so a subclass keeps its own method.
+    """
+    restore = callback.load_state_dict
+
+    def load_state_dict(state_dict: dict[str, Any]) -> None:
+        restore(_confined(state_dict, callback.dirpath))
+
+    callback.load_state_dict = load_state_dict  # type: ignore[method-assign]
+
+
+def _confined(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
+    root = Path(dirpath).resolve() if dirpath else None
+
+    def inside(path: Any) -> bool:
+        return root is not None and Path(str(path)).resolve().is_relative_to(root)
+
+    kept, dropped = dict(state), []
+    for key in PATH_KEYS:
+        if state.get(key) and not inside(state[key]):
+            dropped.append(str(state[key]))
+            kept[key] = ""
+    best_k = dict(state.get("best_k_models") or {})
+    dropped += [str(p) for p in best_k if not inside(p)]
+    kept["best_k_models"] = {p: v for p, v in best_k.items() if inside(p)}
+    if dropped:
+        log.warning(
+            f"resume: the checkpoint's ModelCheckpoint state names {len(dropped)} file(s) outside "
+            f"this run's checkpoint folder {dirpath} (first: {dropped[0]}); dropped, never read "
+            "or deleted"
+        )
+    return kept
 
 
 _MASK64 = (1 << 64) - 1

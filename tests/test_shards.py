@@ -191,3 +191,55 @@ def test_cli_prepare_into_a_full_folder_is_exit_2_and_writes_nothing(tmp_path: P
                                    "choose a new folder")  # fmt: skip
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("damage", ["empty", "zeros"])
+def test_a_shard_holding_fewer_samples_than_meta_says_stops_naming_it(
+    tmp_path: Path, damage: str
+) -> None:
+    import signal
+
+    urls, counts = numbered_shards(tmp_path, train=12, shard_size=4)
+    size = Path(urls[1]).stat().st_size
+    Path(urls[1]).write_bytes(b"" if damage == "empty" else bytes(size))
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("the reader spins on a shard without samples")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        # An empty file is no tar archive; a zero-filled one is a tar of no samples.
+        said = "is not a readable tar" if damage == "empty" else "holds 0 samples, but meta"
+        with pytest.raises(UserError, match=rf"train-000001\.tar {said}"):
+            epoch(urls, counts, workers=0, shuffle=False)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_meta_without_counts_is_one_line(tmp_path: Path) -> None:
+    numbered_shards(tmp_path, train=8, shard_size=4)
+    meta_file = tmp_path / "s" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["splits"]["train"]["counts"]
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"gives no sample count \(counts\) for each train shard"):
+        ShardsDataModule(str(tmp_path / "s"), 3, [3, 32, 32], num_workers=0)
+
+
+@pytest.mark.slow  # one process, ~10 s: CI runs it in make test-slow
+def test_cli_meta_without_counts_is_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    from conftest import run_cli, run_dirs
+
+    numbered_shards(tmp_path, train=8, shard_size=4)
+    meta_file = tmp_path / "s" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["splits"]["val"]["counts"]
+    meta_file.write_text(json.dumps(meta))
+    args = ["train.py", "data=shards", f"data.path={tmp_path / 's'}", "data.num_classes=3"]
+    proc = run_cli(args, tmp_path / "logs")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: data.path=")
+    assert "Traceback" not in proc.stderr
+    assert not run_dirs(tmp_path / "logs") and not list((tmp_path / "logs").rglob("*.log"))

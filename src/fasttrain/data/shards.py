@@ -29,12 +29,14 @@ here): they take the epoch's plan with them.
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import json
 import math
 import random
 import shutil
+import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -179,14 +181,41 @@ class ShardStream(IterableDataset):
         again and again from the start, in whole batches, for as long as padding asks."""
         batch: list[dict] = []
         for rounds in itertools.count():
-            for sample in self._samples(shards, worker, rounds):
+            seen: collections.Counter[str] = collections.Counter()
+            for sample in self._readable(self._samples(shards, worker, rounds)):
+                seen[str(sample.get("__url__"))] += 1
                 batch.append(sample)
                 if len(batch) == self.batch_size:
                     yield batch
                     batch = []
+            if rounds == 0:
+                # Fewer samples than meta.json promises (an empty or zero-filled shard) would
+                # make the padding rounds below spin forever: stop, naming the shard.
+                self._check_counts(shards, seen)
             if batch and rounds == 0:
                 yield batch  # the short last batch; padding batches are whole
                 batch = []
+
+    def _readable(self, samples: Iterator[dict]) -> Iterator[dict]:
+        """`samples`, with a shard that is not a tar archive (empty, cut short, overwritten)
+        named in one line instead of tarfile's traceback."""
+        try:
+            yield from samples
+        except (tarfile.TarError, OSError) as err:
+            url = next((a for a in err.args if isinstance(a, str) and a in self.urls), "a shard")
+            raise UserError(
+                f"data.path: {url} is not a readable tar archive ({err.args[0]}); write the "
+                "shards again with python -m fasttrain.prepare"
+            ) from None
+
+    def _check_counts(self, shards: list[int], seen: collections.Counter[str]) -> None:
+        for s in shards:
+            if seen[self.urls[s]] < self.counts[s]:
+                raise UserError(
+                    f"data.path: shard {self.urls[s]} holds {seen[self.urls[s]]} samples, but "
+                    f"{META} counts {self.counts[s]}: it is damaged or was replaced; write the "
+                    "shards again with python -m fasttrain.prepare"
+                )
 
     def _samples(self, shards: list[int], worker: int, rounds: int) -> Iterator[dict]:
         wds = webdataset()
@@ -341,6 +370,12 @@ def read_meta(path: str) -> dict[str, Any]:
     splits = meta.get("splits", {}) if isinstance(meta, dict) else {}
     if meta.get("format") != FORMAT or any(not splits.get(s, {}).get("shards") for s in SPLITS):
         raise ConfigError("path", path, f"{META} does not list train, val and test shards")
+    for split in SPLITS:
+        counts, shards = splits[split].get("counts"), splits[split]["shards"]
+        valid = isinstance(counts, list) and all(isinstance(c, int) and c >= 0 for c in counts)
+        if not valid or len(counts) != len(shards):
+            raise ConfigError("path", path, f"{META} gives no sample count (counts) for each "
+                              f"{split} shard; write the shards again with fasttrain.prepare")  # fmt: skip
     if "://" not in path and not path.startswith("pipe:"):
         missing = [n for s in SPLITS for n in splits[s]["shards"] if not Path(path, n).is_file()]
         if missing:

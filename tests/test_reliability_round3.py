@@ -43,3 +43,44 @@ def test_a_crafted_checkpoint_never_deletes_a_file_outside_the_run(
     said = [r.getMessage() for r in caplog.records if "outside this run's checkpoint" in r.message]
     assert said and "victim.txt" in said[0]
     assert torch.load(last, weights_only=True)["epoch"] == 2  # the run went on
+
+
+def test_resuming_with_another_split_is_refused_and_nothing_changes(tmp_path: Path) -> None:
+    from fasttrain.config.errors import UserError
+    from fasttrain.tasks import train
+
+    train(compose_train([*RUN, "run_name=r", "seed=1"], tmp_path))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    for changed in ("seed=2", "data.val_fraction=0.3", "data.fold=1"):
+        longer = [*RUN, "run_name=r", "seed=1", changed, "trainer.max_epochs=2"]
+        with pytest.raises(UserError, match=r"differs from the checkpoint's data\.\w+=\S+, which "):
+            train(compose_train(longer, tmp_path))
+    assert last.read_bytes() == before
+
+
+def test_a_changed_model_setting_is_said_to_apply_or_to_be_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fasttrain.tasks import train
+
+    train(compose_train([*RUN, "run_name=r"], tmp_path))
+    changed = ["model.optimizer.lr=0.01", "model.net.dropout=0.3", "trainer.max_epochs=2"]
+    train(compose_train([*RUN, "run_name=r", *changed], tmp_path))
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    assert "model.optimizer.lr=0.01 (the checkpoint's: 0.003) is ignored" in said
+    assert "model.net.dropout=0.3 (the checkpoint's: 0.1) applies from here on" in said
+    assert (
+        torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
+    )
+
+
+@pytest.mark.slow  # two processes, ~25 s: CI runs it in make test-slow
+def test_cli_resume_with_another_seed_is_one_line_exit_2(tmp_path: Path) -> None:
+    args = ["train.py", "data=wine", "model=mlp", "run_name=r", "logger=none"]
+    first = run_cli([*args, "seed=1", "trainer.max_epochs=1"], tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    proc = run_cli([*args, "seed=2", "trainer.max_epochs=2"], tmp_path)
+    assert proc.returncode == 2
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "data.seed=2 (set by seed=) differs from the checkpoint's data.seed=1" in line, line

@@ -261,7 +261,8 @@ def check_resume(job: Any, run_dir: Path) -> None:
     ckpt = checkpoint_to_resume(job.resume, run_dir)
     if ckpt is not None:
         max_epochs = job.trainer.get("max_epochs")
-        check_fits(ckpt, construct(job), max_epochs, resume=str(job.resume))
+        model, datamodule = construct(job)
+        check_fits(ckpt, model, max_epochs, resume=str(job.resume), data=datamodule)
 
 
 def construct_each(jobs: list[Any]) -> None:
@@ -273,11 +274,11 @@ def construct_each(jobs: list[Any]) -> None:
             construct(job)
 
 
-def construct(job: Any) -> Any:
+def construct(job: Any) -> tuple[Any, Any]:
     """The data module, callbacks and trainer of a training job, and its model on the meta
     device (parameter shapes only: no memory, no init cost), built quietly (Lightning's
-    start-up lines belong to the run). Returns the model, or None when it cannot be built on
-    the meta device (fit then checks it against a checkpoint)."""
+    start-up lines belong to the run). Returns (the model, or None when it cannot be built on
+    the meta device (fit then checks it against a checkpoint); the data module)."""
     import warnings
 
     import torch
@@ -288,16 +289,16 @@ def construct(job: Any) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            build(job.data, "data")
+            datamodule = build(job.data, "data")
             callbacks = build_all(job.get("callbacks"), "callbacks")
             build(job.trainer, "trainer", callbacks=callbacks, logger=False)
             try:
                 with torch.device("meta"):
-                    return build_model(job.model)
+                    return build_model(job.model), datamodule
             except UserError:
                 raise
             except Exception:
-                return None
+                return None, datamodule
     finally:
         logging.disable(logging.NOTSET)
 

@@ -110,7 +110,7 @@ def fit_once(trainer: Any, model: L.LightningModule, datamodule: Any,
     """trainer.fit from `ckpt_path`. SIGTERM or Ctrl-C: last.ckpt after the current batch, then
     exit 143 (130) with the command that continues the run."""
     if ckpt_path:
-        check_fits(ckpt_path, model, trainer.max_epochs)
+        check_fits(ckpt_path, model, trainer.max_epochs, data=datamodule)
     try:
         with ctrl_c_as_sigterm() as ctrl_c:
             # weights_only: resuming never unpickles code from a checkpoint file.

@@ -54,9 +54,11 @@ def checkpoint_to_resume(resume: str | None, output_dir: str | Path) -> str | No
 
 
 def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
-               resume: str | None = None) -> None:  # fmt: skip
+               resume: str | None = None, data: Any = None) -> None:  # fmt: skip
     """Refuse, in one line, a checkpoint this run cannot continue from: unreadable, of another
-    model (Lightning would fail deep in fit), or further than `trainer.max_epochs`.
+    model (Lightning would fail deep in fit), of another data split (`data`, the run's data
+    module: its seed, fractions, path, fold...), or further than `trainer.max_epochs`. Say in
+    one line each model setting that differs from the checkpoint's, and whether it applies.
 
     `model` may live on the meta device (only names and shapes are compared) or be None (not
     compared). `resume` is the value that chose the checkpoint ("auto": the message then names
@@ -64,9 +66,14 @@ def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
     whole, and pickled code in it is refused unexecuted.
     """
     ckpt = _read(ckpt_path, resume)
+    which = f"resume=auto: {shown(ckpt_path)}:" if resume == "auto" else f"resume={ckpt_path}:"
+    if data is not None:
+        _same_split(ckpt.get("datamodule_hyper_parameters"), dict(data.hparams), which)
     if model is not None:
-        which = f"resume=auto: {shown(ckpt_path)}" if resume == "auto" else f"resume={ckpt_path}:"
-        _same_model(ckpt["state_dict"], model.state_dict(), which)
+        named = f"resume=auto: {shown(ckpt_path)}" if resume == "auto" else which
+        _same_model(ckpt["state_dict"], model.state_dict(), named)
+        for line in settings_that_differ(ckpt.get("hyper_parameters"), dict(model.hparams)):
+            log.warning(f"{which} {line}")
     epoch = ckpt.get("epoch")
     # Lightning's own rule (it raises MisconfigurationException with a traceback, in fit).
     limited = isinstance(max_epochs, int) and max_epochs != -1
@@ -76,6 +83,68 @@ def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
             f"is at epoch {epoch}; set trainer.max_epochs={epoch} or more, or start over "
             "with resume=never"
         )
+
+
+# Data settings a resumed run may change: how batches are loaded and augmented, not which
+# samples make up each split.
+FREE_DATA = ("crop", "padding", "scale", "flip", "shuffle_buffer", "download")
+# Model settings a resumed run takes from the checkpoint, whatever the config says now: the
+# optimizer's and the lr schedule's state (Lightning restores both).
+RESTORED = ("optimizer", "scheduler", "lr_scaling", "base_batch_size", "scheduler_interval")
+
+
+def _same_split(saved: Any, own: dict[str, Any], which: str) -> None:
+    """The data settings that define the splits (seed, fractions, path, fold, ...) are the
+    checkpoint's: another value would train on what was held out (and test on what was
+    trained on) without a word."""
+    from fasttrain.data.base import LOADER_ARGS
+
+    if not isinstance(saved, dict):
+        return  # checkpoints of older versions recorded no data settings
+    for key, value in own.items():
+        if key in LOADER_ARGS or key in FREE_DATA or key not in saved:
+            continue
+        if _plain(saved[key]) != _plain(value):
+            via = " (set by seed=)" if key == "seed" else ""
+            raise UserError(
+                f"{which} data.{key}={_plain(value)}{via} differs from the checkpoint's "
+                f"data.{key}={_plain(saved[key])}, which defines the data split; continue with "
+                f"data.{key}={_plain(saved[key])}, or start over: resume=never"
+            )
+
+
+def settings_that_differ(saved: Any, own: dict[str, Any]) -> list[str]:
+    """One line per model setting (flattened: optimizer.lr) whose value differs from the
+    checkpoint's: whether this run uses it or the checkpoint's state wins."""
+    if not isinstance(saved, dict):
+        return []
+    old, new = _flat(saved), _flat(own)
+    lines = []
+    for key in sorted(old.keys() & new.keys()):
+        if old[key] == new[key] or key.endswith("_target_"):
+            continue
+        change = f"model.{key}={new[key]} (the checkpoint's: {old[key]})"
+        if key.split(".")[0] in RESTORED:
+            lines.append(f"{change} is ignored: the optimizer and lr schedule continue from the "
+                         "checkpoint's state; start over (resume=never) to train with it")  # fmt: skip
+        else:
+            lines.append(f"{change} applies from here on")
+    return lines
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        flat.update(_flat(value, f"{name}.") if isinstance(value, dict) else {name: _plain(value)})
+    return flat
+
+
+def _plain(value: Any) -> Any:
+    """Comparable: tuples and lists alike, numbers as they are."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _same_model(state: dict[str, Any], own: dict[str, Any], which: str) -> None:

@@ -175,5 +175,5 @@ def test_predictions_are_in_the_targets_units(default_run, tmp_path: Path) -> No
         rows = list(csv.DictReader(f))
     pred = torch.tensor([float(r["pred_target"]) for r in rows])
     label = torch.tensor([float(r["label"]) for r in rows])
-    assert 25 <= float(label.min()) and float(label.max()) <= 346  # disease progression units
+    assert float(label.min()) >= 25 and float(label.max()) <= 346  # disease progression units
     assert float(F.mse_loss(pred, label)) == pytest.approx(metrics["test/mse"], rel=1e-4)

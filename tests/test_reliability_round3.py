@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from task_cases import compose_train
 
 from conftest import run_cli
-from task_cases import compose_train
 
 RUN = ["model=mlp", "data=wine", "data.num_workers=0", "logger=none", "trainer.max_epochs=1"]
 
@@ -20,8 +20,9 @@ def craft_escaping_state(ckpt: Path, victim: Path) -> None:
         if key.startswith("ModelCheckpoint") and value.get("dirpath"):
             depth = len(Path(value["dirpath"]).relative_to(victim.parent).parts)
             escaping = str(Path(value["dirpath"], *[".."] * depth, victim.name))
-            value.update(best_model_path=escaping, kth_best_model_path=escaping,
-                         last_model_path=escaping, best_k_models={escaping: torch.tensor(0.0)})  # fmt: skip
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                value[key] = escaping
+            value["best_k_models"] = {escaping: torch.tensor(0.0)}
     torch.save(state, ckpt)
 
 

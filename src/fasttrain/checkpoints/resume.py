@@ -125,8 +125,8 @@ def settings_that_differ(saved: Any, own: dict[str, Any]) -> list[str]:
             continue
         change = f"model.{key}={new[key]} (the checkpoint's: {old[key]})"
         if key.split(".")[0] in RESTORED:
-            lines.append(f"{change} is ignored: the optimizer and lr schedule continue from the "
-                         "checkpoint's state; start over (resume=never) to train with it")  # fmt: skip
+            why = "the optimizer and lr schedule continue from the checkpoint's state"
+            lines.append(f"{change} is ignored: {why}; start over (resume=never) to train with it")
         else:
             lines.append(f"{change} applies from here on")
     return lines
@@ -252,7 +252,7 @@ def confine_restored_paths(callback: ModelCheckpoint) -> None:
     callback.load_state_dict = load_state_dict  # type: ignore[method-assign]
 
 
-def _confined(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
+def _confined(state: dict[str, Any], dirpath: str | Path | None) -> dict[str, Any]:
     root = Path(dirpath).resolve() if dirpath else None
 
     def inside(path: Any) -> bool:

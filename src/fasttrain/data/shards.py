@@ -374,8 +374,8 @@ def read_meta(path: str) -> dict[str, Any]:
         counts, shards = splits[split].get("counts"), splits[split]["shards"]
         valid = isinstance(counts, list) and all(isinstance(c, int) and c >= 0 for c in counts)
         if not valid or len(counts) != len(shards):
-            raise ConfigError("path", path, f"{META} gives no sample count (counts) for each "
-                              f"{split} shard; write the shards again with fasttrain.prepare")  # fmt: skip
+            why = f"{META} gives no sample count (counts) for each {split} shard"
+            raise ConfigError("path", path, f"{why}; write the shards again with fasttrain.prepare")
     if "://" not in path and not path.startswith("pipe:"):
         missing = [n for s in SPLITS for n in splits[s]["shards"] if not Path(path, n).is_file()]
         if missing:

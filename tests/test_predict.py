@@ -98,8 +98,10 @@ def test_cli_wrong_shape_npy_is_one_line_and_writes_nothing(mlp_ckpt: Path, tmp_
         (lambda p: np.save(p, np.array([{"a": 1}], dtype=object)), r"not a readable \.npy array"),
         (lambda p: np.save(p, np.zeros((0, 1, 8, 8))), "holds no samples"),
         (lambda p: np.save(p, np.full((2, 1, 8, 8), "x")), r"dtype <U1 is not numeric"),
+        (lambda p: np.save(p, _with(2, np.nan)), r"row 2 holds NaN or inf"),
+        (lambda p: np.save(p, _with(1, -np.inf)), r"row 1 holds NaN or inf"),
     ],
-    ids=["missing", "not-npy", "pickled-objects", "empty", "strings"],
+    ids=["missing", "not-npy", "pickled-objects", "empty", "strings", "nan", "inf"],
 )
 def test_bad_npy_files_are_named(write, message: str, tmp_path: Path) -> None:
     path = tmp_path / "x.npy"
@@ -107,3 +109,9 @@ def test_bad_npy_files_are_named(write, message: str, tmp_path: Path) -> None:
         write(path)
     with pytest.raises(UserError, match=f"^input={re.escape(str(path))}: {message}"):
         load_inputs(path, (1, 8, 8))
+
+
+def _with(row: int, value: float) -> np.ndarray:
+    x = np.zeros((4, 1, 8, 8))
+    x[row, 0, 3, 3] = value
+    return x

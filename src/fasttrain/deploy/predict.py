@@ -35,7 +35,13 @@ def load_inputs(path: str | Path, input_shape: Sequence[int], key: str = "input"
         raise UserError(f"{key}={path}: holds no samples")
     if array.dtype.kind not in "biuf":
         raise UserError(f"{key}={path}: dtype {array.dtype} is not numeric")
-    return torch.as_tensor(array, dtype=torch.float32)
+    x = torch.as_tensor(array, dtype=torch.float32)
+    # A NaN or inf input gives NaN outputs (a classifier then names class 0): refuse the file.
+    bad = (~torch.isfinite(x.reshape(len(x), -1)).all(dim=1)).nonzero().flatten()
+    if len(bad):
+        raise UserError(f"{key}={path}: row {int(bad[0])} holds NaN or inf ({len(bad)} rows "
+                        "do); predictions need finite inputs")  # fmt: skip
+    return x
 
 
 def predict(

@@ -85,3 +85,56 @@ def test_cli_resume_with_another_seed_is_one_line_exit_2(tmp_path: Path) -> None
     assert proc.returncode == 2
     line = proc.stderr.strip().splitlines()[-1]
     assert "data.seed=2 (set by seed=) differs from the checkpoint's data.seed=1" in line, line
+
+
+def _image_folder_module(root: Path, **kwargs: object):
+    from fasttrain.data.image_folder import ImageFolderDataModule
+
+    args = {"num_classes": 2, "input_shape": [1, 8, 8], "channels": 1, "image_size": [8, 8],
+            "crop": "none", "flip": False, "num_workers": 0, **kwargs}  # fmt: skip
+    return ImageFolderDataModule(str(root), **args)
+
+
+def test_16_bit_images_are_scaled_not_saturated(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    import numpy as np
+    from PIL import Image
+
+    from fasttrain.data.images import open_image
+
+    ramp = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 1024).astype(np.uint16)  # 0..64512
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    assert Image.open(tmp_path / "ramp.png").mode.startswith("I")
+    pixels = np.asarray(open_image(tmp_path / "ramp.png"))
+    assert pixels.dtype == np.uint8 and pixels.shape == (8, 8)
+    assert np.array_equal(pixels, np.round(ramp / 257).astype(np.uint8))  # not 255 almost all
+
+
+def test_exif_orientation_is_applied(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    import numpy as np
+    from PIL import Image
+
+    from fasttrain.data.images import open_image
+
+    wide = np.zeros((4, 8, 3), np.uint8)
+    wide[:, :4] = 255  # left half white, as stored: 8 wide, 4 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 clockwise to display"
+    Image.fromarray(wide).save(tmp_path / "phone.jpg", exif=exif, quality=100)
+    shown = np.asarray(open_image(tmp_path / "phone.jpg"))
+    assert shown.shape[:2] == (8, 4)  # upright: 4 wide, 8 high
+    assert shown[:3].mean() > 200 and shown[-3:].mean() < 50  # the white half now on top
+
+
+def test_hidden_files_in_class_folders_are_not_images(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    from fake_data import write_image_folder
+
+    root = write_image_folder(tmp_path / "imgs", ("a", "b"), per_class=5)
+    (root / "a" / "._a_000.jpg").write_bytes(b"\x00\x05\x16\x07 resource fork")
+    (root / "b" / ".hidden").mkdir()
+    (root / "b" / ".hidden" / "x.png").write_bytes(b"not png")
+    dm = _image_folder_module(root)
+    files = [f for part in dm.parts.values() for f, _ in part]
+    assert len(files) == 10 and not [f for f in files if "/." in str(f)]

@@ -148,17 +148,20 @@ def scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], dict[str
     return names, files
 
 
+def _is_image_file(path: Path, folder: Path) -> bool:
+    """An image by its suffix, not hidden: macOS's `._name.jpg` (resource forks), `.DS_Store` and
+    anything in a hidden folder are not images of the class."""
+    hidden = any(part.startswith(".") for part in path.relative_to(folder).parts)
+    return path.suffix.lower() in IMAGE_SUFFIXES and not hidden
+
+
 def _files(top: Path, names: list[str], require: bool) -> Files:
     """Image files under top/<class>/ (nested folders too), each header checked."""
     Image = pillow()
     out: Files = []
     for label, name in enumerate(names):
         folder = top / name
-        images = (
-            sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-            if folder.is_dir()
-            else []
-        )
+        images = sorted(p for p in folder.rglob("*") if _is_image_file(p, folder))
         if require and not images:
             raise ConfigError(
                 "path", str(top.parent if top.name in SPLITS else top),

@@ -281,14 +281,38 @@ def check_loader_args(
 
 
 def open_image(path: Path) -> Any:
-    """The decoded image at `path` (Pillow reads lazily: this is where the pixels are read);
-    an unreadable file is one UserError naming it."""
+    """The decoded image at `path` (Pillow reads lazily: this is where the pixels are read),
+    upright and 8-bit (`upright_8bit`); an unreadable file is one UserError naming it."""
     Image = pillow()
     try:
         image = Image.open(path)
         image.load()
     except (OSError, SyntaxError, ValueError) as err:
         raise UserError(f"data.path: {path} is not a readable image ({err})") from None
+    return upright_8bit(image, str(path))
+
+
+# Pillow modes of one channel wider than 8 bits: 16-bit PNG/TIFF ("I;16" variants, or "I").
+HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def upright_8bit(image: Any, name: str) -> Any:
+    """`image` as it is meant to be seen, in 8 bits: rotated or mirrored as its EXIF orientation
+    says (a phone photo tagged "rotate 90"), and a 16-bit grey image scaled to 0..255 (Pillow's
+    own conversion clips it at 255: a 16-bit gradient came out almost all white). Every path that
+    decodes an image (training, evaluate, predict, shards) goes through here."""
+    from PIL import ImageOps
+
+    image = ImageOps.exif_transpose(image)
+    if image.mode in HIGH_BIT_MODES:
+        wide = np.asarray(image, dtype=np.float64)
+        if wide.min() < 0 or wide.max() > 65535:
+            raise UserError(f"data.path: {name} holds {image.mode} pixels outside 0..65535, "
+                            "which have no 8-bit scale; convert it to 8 or 16 bits")  # fmt: skip
+        return pillow().fromarray(np.round(wide / 257).astype(np.uint8), "L")
+    if image.mode == "F":
+        raise UserError(f"data.path: {name} holds floating-point pixels (mode F), which have no "
+                        "fixed 8-bit scale; convert it to an 8- or 16-bit image")  # fmt: skip
     return image
 
 

@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.data.base import worker_init
-from fasttrain.data.images import IMAGE_SUFFIXES, ImageDataModule, pillow
+from fasttrain.data.images import IMAGE_SUFFIXES, ImageDataModule, pillow, upright_8bit
 
 META = "meta.json"
 FORMAT = "fasttrain-shards/1"
@@ -237,6 +237,7 @@ class ShardStream(IterableDataset):
             try:
                 image = Image.open(io.BytesIO(sample[key]))
                 image.load()
+                image = upright_8bit(image, f"sample {sample['__key__']}")
             except (OSError, SyntaxError, ValueError) as err:
                 raise UserError(
                     f"data.path: sample {sample['__key__']} in {sample.get('__url__')} is not a "

@@ -105,7 +105,14 @@ def test_new_project_passes_its_default_suite(project: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("acme-vision", "not a valid Python identifier"), ("class", "not a valid Python identifier")],
+    [
+        ("acme-vision", "not a valid Python identifier"),
+        ("class", "not a valid Python identifier"),
+        ("_", "must start with a letter and end with a letter or digit"),
+        ("acme_", "must start with a letter and end with a letter or digit"),
+        ("train", "is the name of the project's own train.py"),
+        ("bench", "is the name of the project's own bench"),
+    ],
 )
 def test_bad_package_name_is_refused(name: str, message: str, tmp_path: Path) -> None:
     dest = tmp_path / "out"

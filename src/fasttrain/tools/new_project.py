@@ -43,6 +43,17 @@ def check_package(name: str) -> None:
             f"package name {name!r} is not a valid Python identifier "
             "(letters, digits and underscores, not starting with a digit), e.g. acme_vision"
         )
+    if not re.fullmatch(r"[A-Za-z]([A-Za-z0-9_]*[A-Za-z0-9])?", name):
+        raise NewProjectError(
+            f"package name {name!r} must start with a letter and end with a letter or digit: "
+            "its distribution name (with hyphens) must be a valid project name, e.g. acme_vision"
+        )
+    own = sorted(p.name for p in ROOT.iterdir() if p.stem == name and not p.name.startswith("."))
+    if own:
+        raise NewProjectError(
+            f"package name {name!r} is the name of the project's own {own[0]} at its top level "
+            f"(python train.py would import that instead of the package); choose another name"
+        )
     found = importable(name)
     if found:
         raise NewProjectError(

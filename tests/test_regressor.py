@@ -177,3 +177,23 @@ def test_predictions_are_in_the_targets_units(default_run, tmp_path: Path) -> No
     label = torch.tensor([float(r["label"]) for r in rows])
     assert float(label.min()) >= 25 and float(label.max()) <= 346  # disease progression units
     assert float(F.mse_loss(pred, label)) == pytest.approx(metrics["test/mse"], rel=1e-4)
+
+
+@pytest.mark.slow  # three processes, ~30 s: CI runs it in make test-slow
+def test_the_printed_evaluate_and_export_commands_work_as_printed(tmp_path: Path) -> None:
+    import subprocess
+
+    from conftest import REPO
+
+    proc = run_cli(["train.py", *RUN, "trainer.max_epochs=2", "logger=none"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = {ln.split(maxsplit=1)[0]: ln.split(maxsplit=1)[1] for ln in proc.stdout.splitlines()
+               if ln.startswith(("evaluate ", "export "))}  # fmt: skip
+    assert " data=" not in printed["evaluate"]  # only ckpt_path: the checkpoint names its data
+    shows = {"evaluate": "test/r2", "export": "export dir"}
+    for name, command in printed.items():
+        extra = " format=torchscript" if name == "export" else ""
+        done = subprocess.run(["bash", "-c", f"{command}{extra} paths.log_dir={tmp_path}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+        assert shows[name] in done.stdout, done.stdout[-2000:]

@@ -58,14 +58,35 @@ def test_the_checkpoint_records_its_data_module(npy_ckpt: Path) -> None:
     assert ckpt["datamodule_target"] == "fasttrain.data.npy.NpyDataModule"
 
 
-def test_other_data_is_refused_naming_the_group(npy_ckpt: Path, tmp_path: Path) -> None:
-    # digits has the same input shape and classes: before, this evaluated on digits (acc ~0.1)
-    with pytest.raises(UserError) as err:
-        restore(eval_cfg(npy_ckpt, tmp_path))
-    message = str(err.value)
-    assert message.startswith(f"ckpt_path={npy_ckpt}: trained on fasttrain.data.npy.NpyDataModule")
-    assert "select its data group: data=npy" in message
-    assert "\n" not in message
+def test_without_data_the_checkpoints_group_is_taken(npy_ckpt: Path, tmp_path: Path) -> None:
+    from fasttrain.data.npy import NpyDataModule
+
+    # digits (the default) has the same input shape and classes: once this evaluated on digits
+    # (acc ~0.1); then it was refused unless data=npy was typed. The checkpoint names its data.
+    _, datamodule = restore(eval_cfg(npy_ckpt, tmp_path))
+    assert isinstance(datamodule, NpyDataModule) and datamodule.path == npy_ckpt.parent
+    assert len(datamodule.splits["test"]) == 12
+
+
+@pytest.mark.slow  # two processes, ~25 s: CI runs it in make test-slow
+def test_cli_other_data_typed_is_refused_and_a_typed_path_is_used(
+    npy_ckpt: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from conftest import run_cli
+
+    proc = run_cli(["-m", "fasttrain.evaluate", f"ckpt_path={npy_ckpt}", "data=digits"], tmp_path)
+    assert proc.returncode == 2
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "trained on fasttrain.data.npy.NpyDataModule data, but data= selects" in line
+    assert "select its data group: data=npy" in line
+    moved = tmp_path / "moved"
+    shutil.copytree(npy_ckpt.parent, moved)
+    typed = [f"ckpt_path={npy_ckpt}", "data=npy", f"data.path={moved}"]
+    proc = run_cli(["-m", "fasttrain.evaluate", *typed], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"data.path={moved}: used instead of the checkpoint's data.path=" in proc.stderr
 
 
 def test_its_own_data_group_restores_its_split(npy_ckpt: Path, tmp_path: Path) -> None:
@@ -83,7 +104,8 @@ def test_evaluate_refuses_in_one_line_and_writes_nothing(
 ) -> None:
     from fasttrain.evaluate import main
 
-    argv = [f"ckpt_path={npy_ckpt}", f"paths.log_dir={tmp_path / 'logs'}", "data.num_workers=0"]
+    argv = [f"ckpt_path={npy_ckpt}", f"paths.log_dir={tmp_path / 'logs'}", "data.num_workers=0",
+            "data=digits"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["evaluate", *argv])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     with pytest.raises(SystemExit) as exit_:

@@ -127,11 +127,20 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
     model, data_spec = load_task(cfg.ckpt_path)
     trained_on = data_spec.pop("_target_", None)
     if trained_on is not None:
-        _check_same_data(cfg, trained_on)
+        _select_data(cfg, trained_on)
+    given = _given_data_keys()
     with open_dict(cfg.data):
         for key, value in data_spec.items():
-            if key in cfg.data and key not in LOADER_ARGS:
-                cfg.data[key] = value
+            if key not in cfg.data or key in LOADER_ARGS:
+                continue
+            if key in given:  # typed on the command line: used, and said so where it differs
+                if plain(cfg.data[key]) != plain(value):
+                    logging.getLogger(__name__).warning(
+                        f"data.{key}={cfg.data[key]}: used instead of the checkpoint's "
+                        f"data.{key}={value}"
+                    )
+                continue
+            cfg.data[key] = value
     validate(cfg)
     datamodule = build(cfg.data, "data")
     net_shape = (model.hparams.get("net") or {}).get("input_shape")
@@ -151,9 +160,11 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
     return model, datamodule
 
 
-def _check_same_data(cfg: DictConfig, trained_on: str) -> None:
-    """Refuse a `data=` selection of another data module than the checkpoint's, naming the data
-    group to select. `trained_on` passed fasttrain.checkpoints.allow, so resolving it is safe."""
+def _select_data(cfg: DictConfig, trained_on: str) -> None:
+    """The checkpoint's data group in `cfg.data`: kept when data= selects it, taken from conf/
+    when no data= was given (`python -m fasttrain.evaluate ckpt_path=X` works for any data set),
+    refused in one line naming the group when data= selects another data module. `trained_on`
+    passed fasttrain.checkpoints.allow, so resolving it is safe."""
     from hydra.utils import get_object
 
     from fasttrain.checkpoints.allow import conf_targets
@@ -163,14 +174,21 @@ def _check_same_data(cfg: DictConfig, trained_on: str) -> None:
     if _resolves_to(selected, trained):
         return
     groups = sorted(
-        f"data={Path(file).stem}"
+        Path(file).stem
         for target, files in conf_targets().items()
         for file in files
         if file.startswith("data/") and _resolves_to(target, trained)
     )
+    if groups and not _given_on_command_line("data"):
+        typed = {key: cfg.data[key] for key in _given_data_keys() if key in cfg.data}
+        with open_dict(cfg):
+            cfg.data = _data_group(groups[0])
+        with open_dict(cfg.data):
+            cfg.data.update(typed)  # data.num_workers=0 and the like, as typed
+        return
     how = (
-        f"select its data group: {' or '.join(groups)} (its data settings, path included, come "
-        "from the checkpoint)"
+        f"select its data group: {' or '.join(f'data={g}' for g in groups)} (its data "
+        "settings, path included, come from the checkpoint)"
         if groups
         else "add a config for it in conf/data/ and select it (data=...)"
     )
@@ -178,6 +196,37 @@ def _check_same_data(cfg: DictConfig, trained_on: str) -> None:
         f"ckpt_path={cfg.ckpt_path}: trained on {trained_on} data, but data= selects "
         f"{selected}; {how}"
     )
+
+
+def _data_group(option: str) -> DictConfig:
+    """conf/data/<option>.yaml as composed (with its shared parts); its interpolations resolve
+    against the config it is put into."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fasttrain import CONFIG_DIR
+
+    overrides = [f"data={option}"]
+    if GlobalHydra.instance().is_initialized():  # inside an entry point: Hydra's own search path
+        return compose("train", overrides=overrides).data
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("train", overrides=overrides).data
+
+
+def _command_line_overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _given_on_command_line(key: str) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in _command_line_overrides())
+
+
+def _given_data_keys() -> set[str]:
+    """The data.<key> values typed on the command line (none where no command line ran)."""
+    keys = (o.lstrip("+~").split("=", 1)[0] for o in _command_line_overrides())
+    return {k.split(".")[1] for k in keys if k.startswith("data.") and k.count(".") >= 1}
 
 
 def _resolves_to(target: str, obj: Any) -> bool:

@@ -231,12 +231,8 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str) -> dict[str, st
         commands["TensorBoard"] = tensorboard_command(log_dir)
     python = shown(sys.executable)
     if ckpt:
-        # The data group the run used: evaluate and export rebuild that data module (its split
-        # and settings from the checkpoint), and refuse another.
-        choice = (
-            HydraConfig.get().runtime.choices.get("data") if HydraConfig.initialized() else None
-        )
-        arg = shell_word(f"ckpt_path={quote(shown(ckpt))}") + (f" data={choice}" if choice else "")
+        # The data group, split and settings come from the checkpoint (assemble.restore).
+        arg = shell_word(f"ckpt_path={quote(shown(ckpt))}")
         commands["evaluate"] = f"{python} -m fasttrain.evaluate {arg}"
         commands["export"] = f"{python} -m fasttrain.export {arg}"
     newest = checkpoint_to_resume("auto", str(run_dir))

@@ -17,7 +17,6 @@ from practices import build_run, compose_train
 
 from conftest import CONF
 from fasttrain.assemble import restore
-from fasttrain.config.errors import UserError
 
 
 @pytest.fixture(autouse=True)

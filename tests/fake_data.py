@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
 # (size, PIL mode, suffix): mixed sizes, modes and formats, as real folders have them.
 KINDS = [((40, 30), "RGB", ".jpg"), ((24, 36), "L", ".png"), ((33, 33), "RGBA", ".png"),
@@ -79,7 +80,9 @@ def write_for(cfg) -> None:
     if path is None or path.exists():
         return
     if target.endswith("ImageFolderDataModule"):
-        names = tuple(f"class{c}" for c in range(int(cfg.data.num_classes)))
+        # num_classes counts the folder's classes by default: 3 of them, where none exist yet
+        given = OmegaConf.select(cfg, "data.num_classes", throw_on_resolution_failure=False)
+        names = tuple(f"class{c}" for c in range(int(given or 3)))
         write_image_folder(path, names, per_class=4)
     elif target.endswith("Cifar10DataModule"):
         write_cifar10(path)

@@ -138,3 +138,20 @@ def test_hidden_files_in_class_folders_are_not_images(tmp_path: Path) -> None:
     dm = _image_folder_module(root)
     files = [f for part in dm.parts.values() for f, _ in part]
     assert len(files) == 10 and not [f for f in files if "/." in str(f)]
+
+
+def test_image_folder_classes_are_counted_when_the_config_resolves(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    from fake_data import write_image_folder
+    from fasttrain.assemble import build_run
+    from fasttrain.config.errors import UserError
+    from fasttrain.config.schema import validate
+
+    root = write_image_folder(tmp_path / "imgs", ("a", "b", "c"), per_class=4)
+    chosen = ["data=image_folder", f"data.path={root}", "data.image_size=[8,8]"]
+    cfg = compose_train(chosen, tmp_path)
+    assert cfg.data.num_classes == 3 and cfg.model.num_classes == 3  # no data.num_classes typed
+    _, model, datamodule = build_run(cfg)
+    assert model.num_classes == datamodule.num_classes == 3
+    with pytest.raises(UserError, match=r"^data\.path='.*nowhere': no such folder$"):
+        validate(compose_train(["data=image_folder", f"data.path={tmp_path}/nowhere"]), "", "train")

@@ -116,6 +116,13 @@ def _task_monitor(attribute: str, _root_: Any) -> str:
     return monitor.rsplit("/", 1)[-1] if attribute == "short" else monitor
 
 
+def _class_count(path: str, classes: Any = None) -> int:
+    """`${class_count:PATH,CLASSES}`: the classes of an image folder (data/image_folder.py)."""
+    from fasttrain.data.image_folder import count_classes
+
+    return count_classes(str(path), list(classes) if classes else None)
+
+
 def _register_resolvers() -> None:
     # Registered on import, so every entry point and every test that composes conf/ has them.
     from omegaconf import OmegaConf
@@ -125,6 +132,7 @@ def _register_resolvers() -> None:
     OmegaConf.register_new_resolver(
         "monitor", lambda attribute="", *, _root_: _task_monitor(attribute, _root_), replace=True
     )
+    OmegaConf.register_new_resolver("class_count", _class_count, replace=True)
 
 
 _register_resolvers()

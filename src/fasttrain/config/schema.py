@@ -57,13 +57,20 @@ def check_pairing(cfg: DictConfig) -> None:
     """The model and data groups fit together: a value one takes from the other (the
     classifier's `${data.num_classes}`, a regression task's `${data.num_targets}`) exists. One
     line instead of OmegaConf's traceback when, e.g., a task meets a data set of another kind."""
-    from omegaconf.errors import InterpolationKeyError
+    from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
-    for group in ("model", "data"):
+    for group in ("data", "model"):
         if isinstance(cfg.get(group), DictConfig):
             try:
                 OmegaConf.to_container(cfg[group], resolve=True)
-            except InterpolationKeyError as err:
+            except InterpolationResolutionError as err:
+                cause = _user_error_behind(err)
+                if isinstance(cause, ConfigError):  # a resolver's check: data.path=X: no such..
+                    raise cause.at(group) from None
+                if isinstance(cause, UserError):
+                    raise UserError(str(cause)) from None
+                if not isinstance(err, InterpolationKeyError):
+                    raise
                 wanted = re.search(r"'([^']+)'", str(err.msg))
                 key = wanted.group(1) if wanted else str(err.msg)
                 raise UserError(
@@ -71,6 +78,14 @@ def check_pairing(cfg: DictConfig) -> None:
                     f"set ({_target_of(cfg, 'data')}); model= and data= must be of one kind "
                     "(class labels: num_classes, regression targets: num_targets)"
                 ) from None
+
+
+def _user_error_behind(err: BaseException) -> BaseException | None:
+    """The UserError a resolver raised, which OmegaConf keeps only as the exception's context."""
+    seen: BaseException | None = err
+    while seen is not None and not isinstance(seen, UserError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
 
 
 def _target_of(cfg: DictConfig, group: str) -> str:

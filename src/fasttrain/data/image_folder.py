@@ -114,13 +114,26 @@ class ImageFolderDataModule(ImageDataModule):
             yield file.suffix.lower().lstrip("."), file.read_bytes(), label
 
 
-def scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], dict[str, Files]]:
-    """(class names, {"train"/"val"/"test" or "all": (file, label) lists}), every error one line."""
+def class_folders(root: Path) -> tuple[bool, Path, list[str]]:
+    """(split layout?, the folder holding the class folders, their names sorted)."""
     if not root.is_dir():
         raise ConfigError("path", str(root), "no such folder")
     split_layout = (root / "train").is_dir() and any(p.is_dir() for p in (root / "train").iterdir())
     top = root / "train" if split_layout else root
     found = sorted(p.name for p in top.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return split_layout, top, found
+
+
+def count_classes(path: str, classes: Sequence[str] | None = None) -> int:
+    """`${class_count:${.path},${.classes}}` in conf/data/image_folder.yaml: the number of
+    classes the folder holds (or of `classes`, when named), counted when the config resolves,
+    so the model's num_classes follows the folder; the constructor checks an explicit value."""
+    return len(classes) if classes else len(class_folders(Path(path))[2])
+
+
+def scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], dict[str, Files]]:
+    """(class names, {"train"/"val"/"test" or "all": (file, label) lists}), every error one line."""
+    split_layout, top, found = class_folders(root)
     names = list(classes) if classes is not None else found
     missing = [c for c in names if c not in found]
     if missing:

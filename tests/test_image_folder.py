@@ -51,15 +51,16 @@ def folder_module(root: Path, **kwargs):
     return ImageFolderDataModule(str(root), **args)
 
 
-def test_flat_folder_splits_stratified_disjoint_and_fixed_by_seed(tmp_path: Path) -> None:
-    root = write_image_folder(tmp_path / "imgs", per_class=10)
+def test_flat_folder_splits_disjoint_and_fixed_by_seed(tmp_path: Path) -> None:
+    root = write_image_folder(tmp_path / "imgs", per_class=40)
     dm = folder_module(root, val_fraction=0.2, test_fraction=0.2)
     assert dm.class_names == ["cat", "dog", "fish"]  # sorted subfolder names; notes.txt ignored
     files = {s: [f for f, _ in dm.parts[s]] for s in ("train", "val", "test")}
-    assert [len(files[s]) for s in ("train", "val", "test")] == [18, 6, 6]
+    sizes = [len(files[s]) for s in ("train", "val", "test")]
+    assert sum(sizes) == 120 and 48 <= sizes[0] <= 96 and all(12 <= n <= 40 for n in sizes[1:])
     every = [f for s in files.values() for f in s]
-    assert len(set(every)) == len(every) == 30
-    for split, parts in dm.parts.items():  # each class in proportion, label = its folder
+    assert len(set(every)) == len(every) == 120
+    for split, parts in dm.parts.items():  # classes in proportion (by hash), label = its folder
         assert all(dm.class_names[y] == f.parent.name for f, y in parts)
         assert sorted({y for _, y in parts}) == [0, 1, 2], split
     assert folder_module(root, val_fraction=0.2, test_fraction=0.2).parts == dm.parts
@@ -73,7 +74,8 @@ def test_split_folders_are_used_and_test_is_carved_from_train(tmp_path: Path) ->
     assert val == {f for f in (root / "val").rglob("*") if f.suffix != ".txt" and f.is_file()}
     # no test/ folder: the test split comes out of train/, never out of val/
     test = {f for f, _ in dm.parts["test"]}
-    assert len(test) == 6 and all(f.is_relative_to(root / "train") for f in test)
+    # 20% of train/'s 30 images by file hash: about 6
+    assert 2 <= len(test) <= 12 and all(f.is_relative_to(root / "train") for f in test)
     assert not test & {f for f, _ in dm.parts["train"]}
 
 

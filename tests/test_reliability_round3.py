@@ -155,3 +155,55 @@ def test_image_folder_classes_are_counted_when_the_config_resolves(tmp_path: Pat
     assert model.num_classes == datamodule.num_classes == 3
     with pytest.raises(UserError, match=r"^data\.path='.*nowhere': no such folder$"):
         validate(compose_train(["data=image_folder", f"data.path={tmp_path}/nowhere"]), "", "train")
+
+
+def test_image_folder_splits_do_not_move_when_files_are_added_or_removed(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    from fake_data import image, write_image_folder
+
+    root = write_image_folder(tmp_path / "imgs", ("a", "b"), per_class=30)
+    dm = _image_folder_module(root)
+
+    def split_of(module) -> dict[str, str]:
+        return {f.name: s for s, part in module.parts.items() for f, _ in part}
+
+    before = split_of(dm)
+    image(root / "a" / "new.png", (20, 20), "L", 40)
+    gone = sorted((root / "b").glob("b_007.*"))[0]
+    gone.unlink()
+    after_dm = _image_folder_module(root)
+    after = split_of(after_dm)
+    moved = [name for name in before.keys() & after.keys() if before[name] != after[name]]
+    assert not moved and "new.png" in after and gone.name not in after
+    assert dm.hparams["split_record"] != after_dm.hparams["split_record"]
+    assert dm.hparams["split_record"]["test"]["files"] == len(dm.parts["test"])
+
+
+def test_evaluate_says_when_the_image_files_changed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("PIL")
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONF
+    from fake_data import image, write_image_folder
+    from fasttrain.assemble import restore
+    from fasttrain.tasks import train
+
+    root = write_image_folder(tmp_path / "imgs", ("a", "b"), per_class=12)
+    run = ["data=image_folder", f"data.path={root}", "data.image_size=[8,8]", "model=mlp",
+           "data.num_workers=0", "logger=none", "trainer.max_epochs=1", "run_name=r"]  # fmt: skip
+    train(compose_train(run, tmp_path))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert "split_record" in torch.load(ckpt, weights_only=True)["datamodule_hyper_parameters"]
+    for i in range(5):
+        image(root / "b" / f"more_{i}.png", (20, 20), "L", 120)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", f"paths.root_dir={tmp_path}/e",
+                                         f"paths.output_dir={tmp_path}/e/run"])  # fmt: skip
+    restore(cfg)
+    said = [r.getMessage() for r in caplog.records if "data files changed" in r.getMessage()]
+    assert said and said[0].startswith(f"ckpt_path={ckpt}: the data files changed since the ")
+    caplog.clear()
+    train(compose_train([*run, "trainer.max_epochs=2"], tmp_path))  # resume=auto: said too
+    assert [r for r in caplog.records if "data files changed" in r.getMessage()]

@@ -122,7 +122,7 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
     compared). The data split comes from the checkpoint (seed, fractions, path, ...), so the
     test set is the one the run was tested on; loader knobs stay this machine's."""
     from fasttrain.checkpoints.load import load_task
-    from fasttrain.data.base import LOADER_ARGS
+    from fasttrain.data.base import LOADER_ARGS, SPLIT_RECORD, split_change
 
     model, data_spec = load_task(cfg.ckpt_path)
     trained_on = data_spec.pop("_target_", None)
@@ -143,6 +143,10 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
             cfg.data[key] = value
     validate(cfg)
     datamodule = build(cfg.data, "data")
+    change = split_change(data_spec.get(SPLIT_RECORD), getattr(datamodule, "hparams", {}).get(
+        SPLIT_RECORD))  # fmt: skip
+    if change:  # evaluate and predict then run on other files than the run was tested on
+        logging.getLogger(__name__).warning(f"ckpt_path={cfg.ckpt_path}: {change}")
     net_shape = (model.hparams.get("net") or {}).get("input_shape")
     data_shape = getattr(datamodule, "input_shape", None)
     if net_shape is not None and data_shape is not None and list(net_shape) != list(data_shape):

@@ -97,12 +97,15 @@ def _same_split(saved: Any, own: dict[str, Any], which: str) -> None:
     """The data settings that define the splits (seed, fractions, path, fold, ...) are the
     checkpoint's: another value would train on what was held out (and test on what was
     trained on) without a word."""
-    from fasttrain.data.base import LOADER_ARGS
+    from fasttrain.data.base import LOADER_ARGS, SPLIT_RECORD, split_change
 
     if not isinstance(saved, dict):
         return  # checkpoints of older versions recorded no data settings
+    change = split_change(saved.get(SPLIT_RECORD), own.get(SPLIT_RECORD))
+    if change:  # the same settings on other files: said, since adding data is a reason to resume
+        log.warning(f"{which} {change}; training goes on with the files there now")
     for key, value in own.items():
-        if key in LOADER_ARGS or key in FREE_DATA or key not in saved:
+        if key in LOADER_ARGS or key in FREE_DATA or key == SPLIT_RECORD or key not in saved:
             continue
         if _plain(saved[key]) != _plain(value):
             via = " (set by seed=)" if key == "seed" else ""

@@ -30,6 +30,23 @@ LOADER_ARGS = (
 )  # fmt: skip
 
 
+# A data module's record of what each split holds ({split: {"files", "sha256"}}), kept with its
+# hyperparameters in checkpoints (fasttrain.data.image_folder writes it).
+SPLIT_RECORD = "split_record"
+
+
+def split_change(saved: Any, now: Any) -> str | None:
+    """How the files of each split differ from a checkpoint's record, in words (None: the same,
+    or nothing recorded)."""
+    if not isinstance(saved, dict) or not isinstance(now, dict) or saved == now:
+        return None
+    changed = [
+        f"{split} {saved.get(split, {}).get('files', 0)} -> {now.get(split, {}).get('files', 0)} "
+        "files" for split in sorted(set(saved) | set(now)) if saved.get(split) != now.get(split)
+    ]  # fmt: skip
+    return f"the data files changed since the checkpoint ({', '.join(changed)})"
+
+
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))  # respects taskset/cgroup limits, unlike cpu_count()

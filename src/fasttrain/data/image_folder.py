@@ -1,6 +1,6 @@
 """Images on disk, one subfolder per class: `data=image_folder data.path=DIR`.
 
-    DIR/<class>/*.jpg|png|...              split by val_fraction/test_fraction (stratified, seed)
+    DIR/<class>/*.jpg|png|...              split by val_fraction/test_fraction (file hash, seed)
     DIR/train/<class>/...  [DIR/val/...]  [DIR/test/...]   the splits that are there are used
 
 With train/ but no val/ (or no test/), that split is carved from train/ by its fraction: the
@@ -13,12 +13,14 @@ names. Files of other types are ignored.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.data.base import check_fractions
+from fasttrain.data.base import SPLIT_RECORD, check_fractions
 from fasttrain.data.images import (
     IMAGE_SUFFIXES,
     ImageDataModule,
@@ -26,7 +28,6 @@ from fasttrain.data.images import (
     open_image,
     pillow,
     shuffled,
-    stratified_split,
 )
 
 SPLITS = ("train", "val", "test")
@@ -74,6 +75,8 @@ class ImageFolderDataModule(ImageDataModule):
         self.save_hyperparameters()
         # The scanned list, not the null asked for: a checkpoint restores exactly these classes.
         self.hparams["classes"] = list(self.class_names)
+        # What each split holds, so evaluate, predict and resume can say when the files changed.
+        self.hparams[SPLIT_RECORD] = split_record(self.path, self.parts)
 
     def _split(self) -> dict[str, Files]:
         """{"train", "val", "test"} -> (file, label): split folders first, then fractions."""
@@ -81,7 +84,8 @@ class ImageFolderDataModule(ImageDataModule):
         source = given.get("train", self.files.get("all", []))
         carve = [s for s in ("val", "test") if s not in given]
         fractions = [self.val_fraction if s == "val" else self.test_fraction for s in carve]
-        parts = stratified_split([label for _, label in source], fractions, self.seed)
+        names = [file.relative_to(self.path).as_posix() for file, _ in source]
+        parts = hashed_split(names, fractions, self.seed)
         parts_of = dict(zip(["train", *carve], parts, strict=True))
         split = {**given, **{s: [source[i] for i in parts_of[s]] for s in ["train", *carve]}}
         for s in SPLITS:
@@ -112,6 +116,42 @@ class ImageFolderDataModule(ImageDataModule):
         for i in shuffled(len(files), self.seed):
             file, label = files[i]
             yield file.suffix.lower().lstrip("."), file.read_bytes(), label
+
+
+def hashed_split(names: Sequence[str], fractions: Sequence[float], seed: int) -> list[list[int]]:
+    """Indices of `names` (file paths relative to the data folder) in len(fractions) + 1 parts:
+    part k >= 1 takes the files whose hash of (seed, name), a number in [0, 1), falls in its
+    share of the range, part 0 (train) the rest. A file's split depends on its own name and the
+    seed only: adding or removing images never moves another image between splits (a
+    permutation of the whole list did: one image added moved 8 of 10 test images into training).
+    Class proportions hold in expectation, not exactly. A part left empty (a handful of images)
+    takes the train file whose hash lies nearest its share."""
+    points = [_unit_hash(seed, name) for name in names]
+    bounds = list(itertools.accumulate(fractions))  # part k: [bounds[k-2], bounds[k-1])
+    parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
+    for i, u in enumerate(points):
+        parts[next((k + 1 for k, b in enumerate(bounds) if u < b), 0)].append(i)
+    for k in range(1, len(parts)):
+        if not parts[k] and len(parts[0]) > 1:
+            nearest = min(parts[0], key=lambda i: abs(points[i] - bounds[k - 1]))
+            parts[0].remove(nearest)
+            parts[k].append(nearest)
+    return parts
+
+
+def _unit_hash(seed: int, name: str) -> float:
+    digest = hashlib.sha256(f"{seed}\0{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_record(root: Path, parts: dict[str, Files]) -> dict[str, dict[str, Any]]:
+    """{split: {"files": count, "sha256": digest of its sorted relative file names}}."""
+    record = {}
+    for split, files in parts.items():
+        names = sorted(file.relative_to(root).as_posix() for file, _ in files)
+        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+        record[split] = {"files": len(names), "sha256": digest}
+    return record
 
 
 def class_folders(root: Path) -> tuple[bool, Path, list[str]]:

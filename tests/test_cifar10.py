@@ -138,7 +138,27 @@ def test_download_offline_is_one_clear_line(tmp_path: Path, monkeypatch) -> None
     text = str(err.value)
     assert text.startswith("data.download=true: could not fetch http://127.0.0.1:9/")
     assert "put the python version's cifar-10-batches-py/" in text and "\n" not in text
-    assert not list((tmp_path / "data").glob("cifar-10-batches-py"))
+    assert not (tmp_path / "data").exists()  # no empty folder, no lock file left behind
+
+
+def test_download_offline_into_an_existing_folder_leaves_it_as_it_was(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(cifar10, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError):
+        module(tmp_path / "data", download=True)
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("other", [["image_size", [64, 64]], ["channels", 1]])
+def test_on_device_refuses_a_size_it_would_not_honour(tmp_path: Path, other: list) -> None:
+    key, value = other
+    shape = [1, 32, 32] if key == "channels" else [3, 64, 64]
+    with pytest.raises(UserError, match=r"^on_device=True: keeps CIFAR-10 as stored, 32x32 RGB"):
+        module(write_cifar10(tmp_path), on_device=True, crop="pad", input_shape=shape,
+               **{key: value})  # fmt: skip
 
 
 def test_pixels_reach_the_net_normalised_by_the_config_statistics(tmp_path: Path) -> None:

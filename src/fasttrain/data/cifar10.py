@@ -168,6 +168,16 @@ def _check_on_device(on_device: Any, images: dict[str, Any]) -> None:
             "augmentation on the device does pad-and-crop and flips: set data.crop=pad or none, "
             "or data.on_device=false for crop=resized (done in loader workers)",
         )  # fmt: skip
+    # The images go to the device as stored: resizing or converting them there would differ
+    # from the loader path evaluate and export take (the same checkpoint, other test inputs).
+    size, channels = list(images.get("image_size", [32, 32])), images.get("channels", 3)
+    if size != [32, 32] or channels != 3:
+        raise ConfigError(
+            "on_device", on_device,
+            f"keeps CIFAR-10 as stored, 32x32 RGB, but data.image_size={size} "
+            f"data.channels={channels}; set data.image_size=[32,32] data.channels=3, or "
+            "data.on_device=false to resize in loader workers",
+        )  # fmt: skip
 
 
 def _row(pixels: np.ndarray) -> np.ndarray:
@@ -256,7 +266,20 @@ def fetch(path: Path, url: str | None = None, md5: str | None = None) -> None:
     unpacked folder appears in one rename, so a failure leaves nothing half-written.
     """
     url, md5 = url or URL, md5 or MD5
+    made = [p for p in (path, *path.parents) if not p.exists()]  # what a failure takes back
     path.mkdir(parents=True, exist_ok=True)
+    try:
+        _fetch_locked(path, url, md5)
+    except BaseException:
+        (path / ".download.lock").unlink(missing_ok=True)
+        for folder in made:  # deepest first; only those this call made, and only if empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    (path / ".download.lock").unlink(missing_ok=True)
+
+
+def _fetch_locked(path: Path, url: str, md5: str) -> None:
     with _locked(path / ".download.lock"):
         if locate(path)[0] is not None:  # another rank fetched it meanwhile
             return

@@ -125,9 +125,10 @@ def test_bad_fold_on_the_command_line_writes_nothing(tmp_path: Path) -> None:
 
 
 def write_job(sweep: Path, num: int, fold: int, metrics: dict[str, float] | None,
-              extra: tuple[str, ...] = ()) -> None:  # fmt: skip
+              extra: tuple[str, ...] = (), num_folds: int = 5) -> None:  # fmt: skip
     job = sweep / f"{num}_data.fold={fold}"
     (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text(f"data:\n  num_folds: {num_folds}\n")
     overrides = [f"data.fold={fold}", *extra]
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     if metrics is not None:
@@ -145,6 +146,19 @@ def test_summary_gives_mean_std_and_per_fold_values(tmp_path: Path) -> None:
     assert acc["per_fold"] == accs
     assert acc["mean"] == pytest.approx(statistics.fmean(accs))
     assert acc["std"] == pytest.approx(statistics.stdev(accs))
+
+
+def test_folds_not_run_or_run_twice_are_said(tmp_path: Path) -> None:
+    from fasttrain.tools.crossval import fold_warnings
+
+    for num, fold in enumerate([0, 1, 1]):
+        write_job(tmp_path, num, fold, {"test/acc": 0.5 + num / 10}, num_folds=4)
+    (group,) = summarize(tmp_path)["groups"]
+    assert group["folds"] == [0, 1] and group["metrics"]["test/acc"]["per_fold"] == [0.5, 0.6]
+    assert group["folds_not_run"] == [2, 3] and group["repeated"] == [1]
+    lines = fold_warnings(group)
+    assert lines[0].startswith("2 of data.num_folds=4 folds finished (not: 2, 3)")
+    assert lines[1].startswith("fold(s) 1 ran more than once: each counted once")
 
 
 def test_summary_groups_jobs_by_their_other_overrides(tmp_path: Path) -> None:

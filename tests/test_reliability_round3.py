@@ -207,3 +207,28 @@ def test_evaluate_says_when_the_image_files_changed(
     caplog.clear()
     train(compose_train([*run, "trainer.max_epochs=2"], tmp_path))  # resume=auto: said too
     assert [r for r in caplog.records if "data files changed" in r.getMessage()]
+
+
+def test_an_error_naming_its_override_gets_no_second_prefix(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    from fake_data import write_image_folder
+    from fasttrain.assemble import build
+    from fasttrain.config.errors import UserError
+
+    root = write_image_folder(tmp_path / "imgs", ("a", "b"), per_class=3)
+    (root / "a" / "broken.png").write_bytes(b"\x89PNG not really")
+    cfg = compose_train(["data=image_folder", f"data.path={root}"], tmp_path)
+    with pytest.raises(UserError) as err:
+        build(cfg.data, "data")
+    assert str(err.value).startswith("data.path: ") and "broken.png" in str(err.value)
+
+
+def test_resuming_an_averaged_run_without_averaging_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fasttrain.tasks import train
+
+    train(compose_train([*RUN, "run_name=r", "callbacks/averaging=ema"], tmp_path))
+    train(compose_train([*RUN, "run_name=r", "trainer.max_epochs=2"], tmp_path))
+    said = [r.getMessage() for r in caplog.records if "weight averaging" in r.getMessage()]
+    assert said and "training goes on from the averaged weights" in said[0]

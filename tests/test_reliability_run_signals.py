@@ -63,11 +63,16 @@ def lightning_listening():
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_ctrl_c_during_fit_becomes_lightnings_sigterm(lightning_listening) -> None:
+def test_ctrl_c_during_fit_becomes_lightnings_sigterm(lightning_listening, caplog) -> None:
+    import logging
+
+    said = logging.getLogger("lightning.pytorch.trainer.connectors.signal_connector")
     with ctrl_c_as_sigterm() as taken:
         signal.raise_signal(signal.SIGINT)
         time.sleep(0.01)  # let the Python-level handlers run
         assert taken == [signal.SIGINT] and lightning_listening == [signal.SIGTERM]
+        said.info("Received SIGTERM: 15")  # Lightning's line for it: not shown after a Ctrl-C
+        assert "Received SIGTERM" not in caplog.text
         with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C stops at once
             signal.raise_signal(signal.SIGINT)
             time.sleep(0.01)
@@ -151,6 +156,8 @@ def test_signal_to_the_process_group_saves_and_continues(sig, by: str, tmp_path:
     proc, before = stop_group(sig, tmp_path)
     assert proc.returncode == 128 + sig, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "killed by signal" not in proc.stderr
+    # Lightning's "Received SIGTERM: 15" only where a SIGTERM came, not for a Ctrl-C
+    assert ("Received SIGTERM" in proc.stderr) == (sig == signal.SIGTERM), proc.stderr[-2000:]
     said, command = continue_command(proc.stderr, by)
     last = tmp_path / "logs" / "train" / "R" / "checkpoints" / "last.ckpt"
     step = last_step(last)

@@ -69,7 +69,10 @@ def build(node: DictConfig, path: str, **kwargs: Any) -> Any:
         if isinstance(cause, ConfigError):
             raise cause.at(where) from None
         if isinstance(cause, (UserError, ValueError, MisconfigurationException)):
-            raise UserError(f"{where}: {cause}") from None
+            said = str(cause)
+            # A message that names its override already (data.path: ...) gets no second prefix.
+            named = said.startswith((f"{where}.", f"{where}=", f"{path}.", f"{path}="))
+            raise UserError(said if named else f"{where}: {said}") from None
         raise
 
 

@@ -111,6 +111,7 @@ def fit_once(trainer: Any, model: L.LightningModule, datamodule: Any,
     exit 143 (130) with the command that continues the run."""
     if ckpt_path:
         check_fits(ckpt_path, model, trainer.max_epochs, data=datamodule)
+        _say_if_averaging_is_dropped(trainer, ckpt_path)
     try:
         with ctrl_c_as_sigterm() as ctrl_c:
             # weights_only: resuming never unpickles code from a checkpoint file.
@@ -152,11 +153,33 @@ def ctrl_c_as_sigterm() -> Iterator[list[int]]:
               "unsaved)", file=sys.stderr)  # fmt: skip
         signal.raise_signal(signal.SIGTERM)  # Lightning's handler (trainer.received_sigterm)
 
+    def not_after_ctrl_c(record: logging.LogRecord) -> bool:
+        # Lightning says "Received SIGTERM: 15" for the SIGTERM that stands in for the Ctrl-C.
+        return not (taken and record.getMessage().startswith("Received SIGTERM"))
+
+    lightning_log = logging.getLogger("lightning.pytorch.trainer.connectors.signal_connector")
     previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    lightning_log.addFilter(not_after_ctrl_c)
     try:
         yield taken
     finally:
         signal.signal(signal.SIGINT, previous)
+        lightning_log.removeFilter(not_after_ctrl_c)
+
+
+def _say_if_averaging_is_dropped(trainer: L.Trainer, ckpt_path: str) -> None:
+    """A checkpoint written with weight averaging holds the average as its weights (and the
+    raw ones aside): resumed without the averaging callback, training goes on from the average."""
+    from lightning.pytorch.callbacks import WeightAveraging
+
+    averaged = "current_model_state" in torch.load(ckpt_path, weights_only=True, mmap=True)
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]
+    if averaged and not any(isinstance(c, WeightAveraging) for c in callbacks):
+        log.warning(
+            f"resume: {ckpt_path} was written with weight averaging (callbacks/averaging=ema or "
+            "swa) and this run has none: training goes on from the averaged weights, the raw "
+            "ones are dropped; resume with the same callbacks/averaging to keep both"
+        )
 
 
 FitOnce = Callable[[L.Trainer, L.LightningModule, Any, "str | None"], None]

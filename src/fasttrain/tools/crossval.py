@@ -56,7 +56,13 @@ def summarize(sweep_dir: Path) -> dict[str, Any]:
 
 def _group(overrides: list[str], jobs: list[tuple[int, Path]]) -> dict[str, Any]:
     done = [(fold, run, _metrics(run)) for fold, run in jobs]
-    folds = [(fold, run, m) for fold, run, m in done if m is not None]
+    finished = [(fold, run, m) for fold, run, m in done if m is not None]
+    # A fold run twice counts once (its first run): a mean over 0, 0, 1 would weigh fold 0 twice.
+    folds = [job for i, job in enumerate(finished) if job[0] not in {f for f, _, _ in finished[:i]}]
+    repeated = sorted(
+        {fold for fold, _, _ in finished if [f for f, _, _ in finished].count(fold) > 1}
+    )
+    expected = _num_folds(jobs[0][1]) if jobs else None
     names = set.intersection(*(set(m) for _, _, m in folds)) if folds else set()
     monitor = next((m for _, run, _ in folds if (m := _monitor(run))), None)
     metrics = {}
@@ -71,6 +77,9 @@ def _group(overrides: list[str], jobs: list[tuple[int, Path]]) -> dict[str, Any]
         "folds": [fold for fold, _, _ in folds],
         "runs": [run.name for _, run, _ in folds],
         "missing": [run.name for _, run, m in done if m is None],  # no metrics.json: not finished
+        "num_folds": expected,
+        "folds_not_run": sorted(set(range(expected or 0)) - {f for f, _, _ in folds}),
+        "repeated": repeated,
         "metrics": metrics,
     }
 
@@ -83,6 +92,17 @@ def _metrics(run: Path) -> dict[str, float] | None:
     return {k: v for k, v in values.items() if isinstance(v, (int, float))}
 
 
+def _num_folds(run: Path) -> int | None:
+    """data.num_folds of a job, from the config Hydra saved in its folder."""
+    from omegaconf import OmegaConf
+
+    try:
+        value = OmegaConf.select(OmegaConf.load(run / ".hydra" / "config.yaml"), "data.num_folds")
+    except OSError:
+        return None
+    return value if isinstance(value, int) else None
+
+
 def _monitor(run: Path) -> str | None:
     """The metric the run's task is judged by, as its metrics.json records it."""
     monitor = json.loads((run / "metrics.json").read_text()).get("monitor")
@@ -93,6 +113,20 @@ def _yaml_list(file: Path) -> list[Any]:
     from omegaconf import OmegaConf
 
     return list(OmegaConf.to_container(OmegaConf.load(file)) or [])  # type: ignore[arg-type]
+
+
+def fold_warnings(group: dict[str, Any]) -> list[str]:
+    """What makes a group's mean not that of a full k-fold cross-validation, in words."""
+    lines = []
+    if group["folds_not_run"]:
+        run, total = len(group["folds"]), group["num_folds"]
+        absent = ", ".join(map(str, group["folds_not_run"]))
+        lines.append(f"{run} of data.num_folds={total} folds finished (not: {absent}): the mean "
+                     "is over those only")  # fmt: skip
+    if group["repeated"]:
+        lines.append(f"fold(s) {', '.join(map(str, group['repeated']))} ran more than once: each "
+                     "counted once, its first run")  # fmt: skip
+    return lines
 
 
 def show(summary: dict[str, Any], file: Path) -> None:
@@ -118,4 +152,6 @@ def show(summary: dict[str, Any], file: Path) -> None:
         console.print(table)
         if group["missing"]:
             console.print(f"[bold]not finished[/] {', '.join(group['missing'])}")
+        for line in fold_warnings(group):
+            console.print(f"[bold]note[/]        {line}")
     console.print(f"[bold]summary[/]     {file}")

@@ -226,6 +226,7 @@ def test_private_lightning_internals_still_exist() -> None:
     from torch.utils.data import DataLoader
 
     assert isinstance(DataLoader.__dict__.get("_index_sampler"), property)  # data.resumable
+    assert isinstance(epoch_loop.batch_progress.current.ready, int)  # data.augment
 
 
 def test_help_and_import_stay_free_of_torch() -> None:

@@ -84,10 +84,29 @@ def test_no_padding_no_flip_is_the_identity_and_flip_alone_only_mirrors() -> Non
     assert any(same) and any(mirrored)
 
 
+def at(training: bool = True, epoch: int = 0, place: int = 3) -> SimpleNamespace:
+    """A data module stand-in whose trainer is at batch `place` of `epoch`."""
+    progress = SimpleNamespace(current=SimpleNamespace(ready=place))
+    fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
+    return SimpleNamespace(
+        trainer=SimpleNamespace(training=training, current_epoch=epoch, fit_loop=fit_loop)
+    )
+
+
+def test_device_augmentation_is_a_function_of_the_batchs_position() -> None:
+    # Not of torch's default generator, which a run resumed mid-epoch sees in another state.
+    x, y = images(), torch.arange(64)
+    first = augment_training_batch(at(epoch=1, place=5), (x, y), PadCropFlip(4, True), seed=7)[0]
+    torch.manual_seed(123)
+    again = augment_training_batch(at(epoch=1, place=5), (x, y), PadCropFlip(4, True), seed=7)[0]
+    later = augment_training_batch(at(epoch=1, place=6), (x, y), PadCropFlip(4, True), seed=7)[0]
+    assert torch.equal(first, again) and not torch.equal(first, later)
+
+
 @pytest.mark.parametrize("training", [True, False], ids=["training", "evaluation"])
 def test_batches_are_augmented_in_training_only(training: bool) -> None:
     x, y = images(), torch.arange(64)
-    module = SimpleNamespace(trainer=SimpleNamespace(training=training))
+    module = at(training)
     ax, ay = augment_training_batch(module, (x, y), PadCropFlip(4, True))
     assert ay is y
     assert torch.equal(ax, x) is not training
@@ -271,7 +290,7 @@ def test_recipe_compiled_on_cuda(tmp_path: Path) -> None:
 def test_augmentation_makes_no_device_sync() -> None:
     from test_hot_path import SyncCounter
 
-    module = SimpleNamespace(trainer=SimpleNamespace(training=True))
+    module = at(True)
     with SyncCounter() as counter:
         augment_training_batch(module, (images(), torch.arange(64)), PadCropFlip(4, True))
     assert counter.calls == []

@@ -232,3 +232,49 @@ def test_resuming_an_averaged_run_without_averaging_is_said(
     train(compose_train([*RUN, "run_name=r", "trainer.max_epochs=2"], tmp_path))
     said = [r.getMessage() for r in caplog.records if "weight averaging" in r.getMessage()]
     assert said and "training goes on from the averaged weights" in said[0]
+
+
+AUGMENTED = [
+    "data=image_folder", "data.image_size=[8,8]", "data.crop=resized", "data.flip=true",
+    "model=mlp", "data.batch_size=8", "trainer.max_epochs=2", "trainer.deterministic=true",
+    "callbacks.checkpoint.every_n_train_steps=3", "callbacks.progress_bar=null", "test=false",
+    "logger=none",
+]  # fmt: skip
+
+
+def _final_state(run: Path) -> dict[str, torch.Tensor]:
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    state = dict(ckpt["state_dict"])
+    for i, s in ckpt["optimizer_states"][0]["state"].items():
+        state.update({f"optim.{i}.{k}": v for k, v in s.items()})
+    return {"step": torch.tensor(ckpt["global_step"]), **state}
+
+
+@pytest.mark.slow  # a reference run and two killed processes, ~40 s: CI runs it in make test-slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sigkill_mid_epoch_with_augmentation_resumes_bit_exact(
+    workers: int, tmp_path: Path
+) -> None:
+    pytest.importorskip("PIL")
+    from conftest import REPO
+    from fake_data import write_image_folder
+    from fasttrain.tasks import train
+
+    root = write_image_folder(tmp_path / "imgs", ("a", "b", "c"), per_class=16)
+    run = [*AUGMENTED, f"data.path={root}", f"data.num_workers={workers}"]
+    train(compose_train([*run, "run_name=ref"], tmp_path / "ref"))  # uninterrupted, in process
+    reference = _final_state(tmp_path / "ref" / "run")
+    killer = ["+callbacks.killer._target_=killer.Killer", "+callbacks.killer.at_step=4"]
+    proc = run_cli([str(REPO / "train.py"), *run, "run_name=k", *killer], tmp_path / "logs",
+                   PYTHONPATH=str(REPO / "tests"))  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    killed_run = tmp_path / "logs" / "train" / "k"
+    assert (
+        torch.load(killed_run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    )  # mid-epoch 0
+    again = run_cli([str(REPO / "train.py"), *run, "run_name=k"], tmp_path / "logs")
+    assert again.returncode == 0, again.stderr[-2000:]
+    resumed = _final_state(killed_run)
+    assert resumed.keys() == reference.keys()
+    differ = [k for k in reference if not torch.equal(reference[k], resumed[k])]
+    assert not differ, f"not bit-identical: {differ[:5]}"

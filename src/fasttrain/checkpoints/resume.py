@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from fasttrain import shown
 from fasttrain.checkpoints.load import read_checkpoint
 from fasttrain.config.errors import UserError
+from fasttrain.data.resumable import position_seed
 
 LAST = "last.ckpt"
 log = logging.getLogger(__name__)
@@ -276,23 +277,6 @@ def _confined(state: dict[str, Any], dirpath: str | Path | None) -> dict[str, An
             "or deleted"
         )
     return kept
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def position_seed(*position: int) -> int:
-    """A 32-bit seed that depends on every value of `position` (seed, epoch, batch, rank): each
-    value is folded in with SplitMix64's finalizer, so neighbouring positions get unrelated
-    seeds. Pure integer arithmetic, the same on every Python (~2 us, where numpy's
-    SeedSequence takes ~15 us: this runs before every training batch)."""
-    h = 0
-    for value in position:
-        h = ((h ^ (value & _MASK64)) + 0x9E3779B97F4A7C15) & _MASK64
-        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h ^= h >> 31
-    return h >> 32
 
 
 class ResumeState(Callback):

@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fasttrain.data.resumable import position_seed
+
 
 class PadCropFlip:
     """[B, C, H, W] (any dtype) -> the same shape and dtype: each image zero-padded by `padding`,
     cropped back to H x W at a random offset, and mirrored left-right with probability 0.5 when
-    `flip`. Random draws use `generator` (on the batch's device), else torch's default one there
-    (seeded by the run's seed, per batch on a resumed run)."""
+    `flip`. Random draws use `generator` (on the batch's device), else torch's default one."""
 
     def __init__(self, padding: int = 4, flip: bool = True) -> None:
         if padding < 0:
@@ -46,11 +47,22 @@ class PadCropFlip:
         return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
 
 
-def augment_training_batch(module: Any, batch: Any, augment: PadCropFlip | None) -> Any:
+def augment_training_batch(
+    module: Any, batch: Any, augment: PadCropFlip | None, seed: int = 0
+) -> Any:
     """A data module's `on_after_batch_transfer`: (x, y) with x augmented, in training only
-    (validation, test and predict batches, and sanity checks, pass through unchanged)."""
+    (validation, test and predict batches, and sanity checks, pass through unchanged).
+
+    The draws come from a generator seeded by (seed, epoch, the batch's place in the epoch): this
+    hook runs before fasttrain's per-batch reseed (ResumeState), so torch's default generator
+    would give a run resumed mid-epoch other crops and flips than the uninterrupted one."""
     trainer = getattr(module, "trainer", None)
     if augment is None or trainer is None or not trainer.training:
         return batch
     x, y = batch
-    return augment(x), y
+    # Private: Lightning has no public count of the epoch's batches at transfer time; the
+    # counter is restored on a mid-epoch resume (tests/test_architecture.py guards the name).
+    place = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+    value = position_seed(seed, int(trainer.current_epoch), place)
+    generator = torch.Generator(device=x.device).manual_seed(value)
+    return augment(x, generator), y

@@ -124,7 +124,7 @@ class Cifar10DataModule(ImageDataModule):
                 for split, (x, y) in self.load().items()
             }  # fmt: skip
         return {
-            split: Images(x, y, _row, self.transform(split == "train"))
+            split: Images(x, y, _row, self.transform(split == "train"), self.seed)
             for split, (x, y) in self.load().items()
         }
 
@@ -138,7 +138,7 @@ class Cifar10DataModule(ImageDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Lightning's hook after a batch reached the device (a no-op move when it lives there).
-        return augment_training_batch(self, batch, self.device_augment)
+        return augment_training_batch(self, batch, self.device_augment, self.seed)
 
     def encoded(self, split: str) -> Iterator[tuple[str, bytes, int]]:
         """(format, PNG bytes, label) of each image of `split` (for shards)."""

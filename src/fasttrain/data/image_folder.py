@@ -105,6 +105,7 @@ class ImageFolderDataModule(ImageDataModule):
                 [y for _, y in files],
                 open_image,
                 self.transform(s == "train"),
+                self.seed,
             )
             for s, files in self.parts.items()
         }

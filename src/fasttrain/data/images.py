@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.data.base import resolve_num_workers, resolve_pin_memory, worker_init
 from fasttrain.data.prefetch import PREFETCHING
-from fasttrain.data.resumable import ResumableLoader, first_epoch
+from fasttrain.data.resumable import ResumableLoader, first_epoch, position_seed
 
 Crop = Literal["none", "resized", "pad"]
 # What Pillow decodes in every build; other files in a class folder are ignored.
@@ -49,7 +49,7 @@ class ImageTransform:
     Training adds the configured augmentation: `crop="resized"` (a random area `scale` of the
     image with aspect 3/4..4/3, resized: Inception-style), `crop="pad"` (zero-pad by `padding`
     then a random crop back to size: CIFAR-style), and a horizontal flip with `flip`. Random
-    draws use torch's generator, which the DataLoader seeds per worker and epoch.
+    draws use the generator given with each image (one per sample, seeded by its position).
     """
 
     def __init__(
@@ -68,12 +68,14 @@ class ImageTransform:
         self.flip = flip and train
         self.padding, self.scale = padding, (float(scale[0]), float(scale[1]))
 
-    def __call__(self, image: ImageLike) -> torch.Tensor:
+    def __call__(self, image: ImageLike, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`generator`: where random draws come from (fasttrain.data.images.Images seeds one per
+        sample); None: torch's default one."""
         # already the input size and channels (CIFAR): no Pillow
-        pixels = image if self._fits(image) else self._resized(image)
+        pixels = image if self._fits(image) else self._resized(image, generator)
         if self.crop == "pad":
-            pixels = self._pad_crop(pixels)
-        if self.flip and torch.rand(()) < 0.5:
+            pixels = self._pad_crop(pixels, generator)
+        if self.flip and torch.rand((), generator=generator) < 0.5:
             pixels = pixels[:, ::-1]
         if pixels.ndim == 2:
             pixels = pixels[:, :, None]
@@ -85,11 +87,12 @@ class ImageTransform:
             return False
         return (image.shape[2] if image.ndim == 3 else 1) == (3 if self.mode == "RGB" else 1)
 
-    def _resized(self, image: ImageLike) -> np.ndarray:
+    def _resized(self, image: ImageLike, generator: torch.Generator | None = None) -> np.ndarray:
         Image = pillow()
         if isinstance(image, np.ndarray):
             image = Image.fromarray(image)
-        box = self._box(*image.size)
+        width, height = image.size
+        box = self._box(width, height, generator)
         # JPEG only (a no-op for other formats): decode at the smallest DCT scale that still
         # gives the crop at least the output's resolution.
         need = (
@@ -106,28 +109,32 @@ class ImageTransform:
         out = image.resize((self.width, self.height), Image.Resampling.BILINEAR, box=box)
         return np.asarray(out, dtype=np.uint8)
 
-    def _box(self, width: int, height: int) -> tuple[float, float, float, float]:
+    def _box(
+        self, width: int, height: int, generator: torch.Generator | None = None
+    ) -> tuple[float, float, float, float]:
         """(left, top, right, bottom) of the region that becomes the output."""
+        g = generator
         if self.crop == "resized":
             for _ in range(10):  # torchvision's RandomResizedCrop: rejection sampling
-                area = width * height * float(torch.empty(()).uniform_(*self.scale))
-                log_ratio = float(torch.empty(()).uniform_(math.log(3 / 4), math.log(4 / 3)))
+                area = width * height * float(torch.empty(()).uniform_(*self.scale, generator=g))
+                ratios = (math.log(3 / 4), math.log(4 / 3))
+                log_ratio = float(torch.empty(()).uniform_(*ratios, generator=g))
                 w = round(math.sqrt(area * math.exp(log_ratio)))
                 h = round(math.sqrt(area / math.exp(log_ratio)))
                 if 0 < w <= width and 0 < h <= height:
-                    left = int(torch.randint(0, width - w + 1, ()))
-                    top = int(torch.randint(0, height - h + 1, ()))
+                    left = int(torch.randint(0, width - w + 1, (), generator=g))
+                    top = int(torch.randint(0, height - h + 1, (), generator=g))
                     return (left, top, left + w, top + h)
         # the largest centred region with the output's aspect ratio
         aspect = self.width / self.height
         cw, ch = min(width, height * aspect), min(height, width / aspect)
         return ((width - cw) / 2, (height - ch) / 2, (width + cw) / 2, (height + ch) / 2)
 
-    def _pad_crop(self, pixels: np.ndarray) -> np.ndarray:
+    def _pad_crop(self, pixels: np.ndarray, generator: torch.Generator | None = None) -> np.ndarray:
         p = self.padding
         pad = ((p, p), (p, p)) + (((0, 0),) if pixels.ndim == 3 else ())
         padded = np.pad(pixels, pad)
-        top, left = (int(v) for v in torch.randint(0, 2 * p + 1, (2,)))
+        top, left = (int(v) for v in torch.randint(0, 2 * p + 1, (2,), generator=generator))
         return padded[top : top + self.height, left : left + self.width]
 
 
@@ -257,16 +264,27 @@ class ImageDataModule(L.LightningDataModule):
 
 
 class Images(Dataset):
-    """(uint8 [C, H, W], label) from a list of items that `load` turns into images."""
+    """(uint8 [C, H, W], label) from a list of items that `load` turns into images.
 
-    def __init__(self, items: Any, labels: Any, load: Any, transform: Any) -> None:
+    `positioned`: a training loader (fasttrain.data.resumable.EpochTagged) asks for item
+    epoch x N + i; its random augmentation is drawn from a generator seeded by (seed, epoch, i),
+    so a run resumed mid-epoch (or one whose loader workers restarted) augments every image as
+    the uninterrupted run did. Other loaders ask for plain indices (epoch 0).
+    """
+
+    positioned = True
+
+    def __init__(self, items: Any, labels: Any, load: Any, transform: Any, seed: int = 0) -> None:
         self.items, self.labels, self.load, self.transform = items, labels, load, transform
+        self.seed = seed
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return self.transform(self.load(self.items[i])), int(self.labels[i])
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, int]:
+        epoch, i = divmod(int(k), len(self.items))
+        generator = torch.Generator().manual_seed(position_seed(self.seed, epoch, i))
+        return self.transform(self.load(self.items[i]), generator), int(self.labels[i])
 
 
 def check_loader_args(

@@ -50,7 +50,8 @@ def entry(config_name: str, task: Callable[[Any], Any]) -> None:
 
     sys.argv[1:] = argv = rank_argv(argv)  # a DDP rank of a sweep job: that job only
     checked = run_task(check_command_line, config_name, argv)  # bad input: one line, no files
-    run_task(construct_each, checked.jobs)
+    if not checked.prints_only:  # --cfg prints the config: no data module is built or read
+        run_task(construct_each, checked.jobs)
     claim = None
     if checked.run_dir is not None:
         if first_process():  # the other ranks of a DDP job share its claim

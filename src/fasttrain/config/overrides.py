@@ -53,12 +53,14 @@ class Checked:
     `jobs` holds the composed config of each job checked (the hydra node removed; one for a run,
     the checked combinations for a sweep, none when Hydra answers a flag itself). `run_dir` is
     the folder of a single run, resolved exactly as Hydra will (None for a sweep or a command
-    that only prints); `pin` the overrides that keep Hydra on that folder (see `_pin`).
+    that only prints); `pin` the overrides that keep Hydra on that folder (see `_pin`);
+    `prints_only` a command that prints its config (--cfg) and builds nothing, so needs no data.
     """
 
     jobs: list[Any] = field(default_factory=list)
     run_dir: Path | None = None
     pin: list[str] = field(default_factory=list)
+    prints_only: bool = False
 
 
 def check_command_line(config_name: str, argv: list[str]) -> Checked:
@@ -83,7 +85,7 @@ def check_command_line(config_name: str, argv: list[str]) -> Checked:
         )
     if not multirun:
         if flags.cfg is not None:  # --cfg job|hydra|all: Hydra prints the config, runs nothing
-            return Checked([_without_hydra(cfg)])
+            return Checked([_without_hydra(cfg)], prints_only=True)
         run_dir = Path(str(cfg.hydra.runtime.output_dir))
         return Checked([_without_hydra(cfg)], run_dir, _pin(cfg, parsed))
     jobs = [_without_hydra(cfg)]

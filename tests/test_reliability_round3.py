@@ -282,8 +282,13 @@ def test_sigkill_mid_epoch_with_augmentation_resumes_bit_exact(
 
 @pytest.mark.slow  # one process, ~8 s: CI runs it in make test-slow
 def test_printing_a_config_needs_no_data(tmp_path: Path) -> None:
-    args = ["train.py", "experiment=cifar10_resnet18", f"paths.data_dir={tmp_path}/none", "--cfg",
-            "job"]  # fmt: skip
+    args = [
+        "train.py",
+        "--cfg",
+        "job",
+        "experiment=cifar10_resnet18",
+        f"paths.data_dir={tmp_path}/none",
+    ]
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Cifar10DataModule" in proc.stdout and not (tmp_path / "none").exists()

@@ -261,10 +261,12 @@ def test_compared_hparams_typed_without_plumbing() -> None:
         "callbacks": {"best": {"dirpath": "/x", "mode": "max"}},
     }  # fmt: skip
     overrides = ["model/net=mlp", "trainer.deterministic=true", "model.net.hidden=[64,32]",
-                 "data.data_dir=/d", "callbacks.best.dirpath=/x", "~trainer.precision"]  # fmt: skip
+                 "data.data_dir=/d", "callbacks.best.dirpath=/x", "~trainer.precision",
+                 "model=mlp"]  # fmt: skip
     got = compared_hparams(config, overrides, {"effective_batch_size": 128})
     assert got == {
         "effective_batch_size": 128, "model/net": "mlp", "trainer.deterministic": True,
+        "model": "mlp",  # a top-level group by its option's name, not its whole config
         "model.net.hidden": "[64, 32]", "data": "DigitsDataModule", "data.batch_size": 64,
         "model.net": "MLP", "model.optimizer": "AdamW", "model.optimizer.lr": 0.01,
         "trainer.precision": "bf16-mixed", "seed": 1,

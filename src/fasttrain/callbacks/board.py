@@ -146,11 +146,14 @@ def compared_hparams(config: Mapping[str, Any], overrides: Sequence[str] = (),
     float, str); a list becomes its text and a null is left out (shown as empty).
     """
     chosen: dict[str, Any] = dict(extra or {})
-    for key, group_option in _override_keys(overrides):
-        if group_option is not None:
-            chosen[key] = group_option
+    for key, option in _override_keys(overrides):
+        value = _select(config, key)
+        # A group choice (`model/net=mlp`, or `model=mlp` for a top-level group whose node is
+        # the composed config): the option's name, not hundreds of characters of config.
+        if "/" in key or isinstance(value, Mapping):
+            chosen[key] = option
         elif not _PLUMBING.search(key):
-            chosen[key] = _select(config, key)
+            chosen[key] = value
     for key in KNOBS:
         value = _select(config, key)
         if key.endswith("._target_") and value is not _MISSING:
@@ -163,17 +166,15 @@ def compared_hparams(config: Mapping[str, Any], overrides: Sequence[str] = (),
 _MISSING = object()
 
 
-def _override_keys(overrides: Sequence[str]) -> list[tuple[str, str | None]]:
-    """(key, option) for group selections (`model/net=mlp` -> ("model/net", "mlp")), (key,
-    None) for values; deletions (`~key`) and sweeps' syntax are read by Hydra's own parser."""
+def _override_keys(overrides: Sequence[str]) -> list[tuple[str, str]]:
+    """(key, the value as typed) of each override (`model/net=mlp` -> ("model/net", "mlp"));
+    deletions (`~key`) left out, sweeps' syntax read by Hydra's own parser."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    found: list[tuple[str, str | None]] = []
+    found: list[tuple[str, str]] = []
     for o in OverridesParser.create().parse_overrides(list(overrides)):
-        if o.is_delete():
-            continue
-        key = o.key_or_group
-        found.append((key, str(o.value())) if "/" in key else (key, None))
+        if not o.is_delete():
+            found.append((o.key_or_group, str(o.value())))
     return found
 
 

@@ -85,13 +85,15 @@ def test_prepare_writes_every_split_with_labels_and_class_names(tmp_path: Path) 
     meta = prepare(cfg)
     saved = json.loads((tmp_path / "shards" / "meta.json").read_text())
     assert saved == meta and meta["class_names"] == ["cat", "dog", "fish"]
-    assert [sum(meta["splits"][s]["counts"]) for s in ("train", "val", "test")] == [24, 3, 3]
-    assert meta["splits"]["train"]["counts"] == [7, 7, 7, 3]
-    dm = ShardsDataModule(str(tmp_path / "shards"), 3, [3, 16, 16], image_size=[16, 16],
-                          num_workers=0, batch_size=64)  # fmt: skip
     from fasttrain.data.image_folder import ImageFolderDataModule
 
     source = ImageFolderDataModule(str(root), 3, [3, 16, 16], image_size=[16, 16], num_workers=0)
+    sizes = [len(source.parts[s]) for s in ("train", "val", "test")]  # the folder's own split
+    assert [sum(meta["splits"][s]["counts"]) for s in ("train", "val", "test")] == sizes
+    full, rest = divmod(sizes[0], 7)  # shards of shard_size=7, the last one what is left
+    assert meta["splits"]["train"]["counts"] == [7] * full + ([rest] if rest else [])
+    dm = ShardsDataModule(str(tmp_path / "shards"), 3, [3, 16, 16], image_size=[16, 16],
+                          num_workers=0, batch_size=64)  # fmt: skip
     for split in ("train", "val", "test"):
         x, y = next(iter(dm.loader(split, shuffle=False)))
         assert x.dtype == torch.uint8 and x.shape[1:] == (3, 16, 16)

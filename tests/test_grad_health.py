@@ -155,3 +155,14 @@ def test_init_scheme_takes_effect(tmp_path: Path, init: str) -> None:
     assert torch.count_nonzero(net.layers[1].bias) == 0
     default = build(compose_train(tmp_path).model.net, "model.net").layers[1].weight
     assert default.std().item() != pytest.approx(expected, rel=0.05)
+
+
+def test_gradient_norms_follow_the_logging_cadence_by_default(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["trainer.log_every_n_steps=7",
+                                          f"paths.output_dir={tmp_path}"])  # fmt: skip
+    assert cfg.callbacks.grad_monitor.every_n_steps == 7  # as many points as the loss's chart

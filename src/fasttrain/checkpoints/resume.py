@@ -267,7 +267,8 @@ def _confined(state: dict[str, Any], dirpath: str | Path | None) -> dict[str, An
         if state.get(key) and not inside(state[key]):
             dropped.append(str(state[key]))
             kept[key] = ""
-    best_k = dict(state.get("best_k_models") or {})
+    best_k = state.get("best_k_models")
+    best_k = dict(best_k) if isinstance(best_k, dict) else {}
     dropped += [str(p) for p in best_k if not inside(p)]
     kept["best_k_models"] = {p: v for p, v in best_k.items() if inside(p)}
     if dropped:

@@ -41,10 +41,18 @@ def split_change(saved: Any, now: Any) -> str | None:
     if not isinstance(saved, dict) or not isinstance(now, dict) or saved == now:
         return None
     changed = [
-        f"{split} {saved.get(split, {}).get('files', 0)} -> {now.get(split, {}).get('files', 0)} "
-        "files" for split in sorted(set(saved) | set(now)) if saved.get(split) != now.get(split)
-    ]  # fmt: skip
+        f"{split} {_files(saved, split)} -> {_files(now, split)} files"
+        for split in sorted(set(map(str, saved)) | set(map(str, now)))
+        if saved.get(split) != now.get(split)
+    ]
     return f"the data files changed since the checkpoint ({', '.join(changed)})"
+
+
+def _files(record: dict[str, Any], split: str) -> str:
+    """A split's file count in a record (a checkpoint's is input: any shape may come)."""
+    entry = record.get(split)
+    count = entry.get("files") if isinstance(entry, dict) else None
+    return str(count) if isinstance(count, int) else "?"
 
 
 def cpu_count() -> int:

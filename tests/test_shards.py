@@ -220,12 +220,18 @@ def test_a_shard_holding_fewer_samples_than_meta_says_stops_naming_it(
         signal.signal(signal.SIGALRM, previous)
 
 
-def test_meta_without_counts_is_one_line(tmp_path: Path) -> None:
+def shards_without_counts(tmp_path: Path, split: str) -> Path:
+    """Shards whose meta.json gives no sample counts for `split`."""
     numbered_shards(tmp_path, train=8, shard_size=4)
     meta_file = tmp_path / "s" / "meta.json"
     meta = json.loads(meta_file.read_text())
-    del meta["splits"]["train"]["counts"]
+    del meta["splits"][split]["counts"]
     meta_file.write_text(json.dumps(meta))
+    return tmp_path / "s"
+
+
+def test_meta_without_counts_is_one_line(tmp_path: Path) -> None:
+    shards_without_counts(tmp_path, "train")
     with pytest.raises(UserError, match=r"gives no sample count \(counts\) for each train shard"):
         ShardsDataModule(str(tmp_path / "s"), 3, [3, 32, 32], num_workers=0)
 
@@ -234,12 +240,8 @@ def test_meta_without_counts_is_one_line(tmp_path: Path) -> None:
 def test_cli_meta_without_counts_is_exit_2_and_writes_nothing(tmp_path: Path) -> None:
     from conftest import run_cli, run_dirs
 
-    numbered_shards(tmp_path, train=8, shard_size=4)
-    meta_file = tmp_path / "s" / "meta.json"
-    meta = json.loads(meta_file.read_text())
-    del meta["splits"]["val"]["counts"]
-    meta_file.write_text(json.dumps(meta))
-    args = ["train.py", "data=shards", f"data.path={tmp_path / 's'}", "data.num_classes=3"]
+    shards = shards_without_counts(tmp_path, "val")
+    args = ["train.py", "data=shards", f"data.path={shards}", "data.num_classes=3"]
     proc = run_cli(args, tmp_path / "logs")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: data.path=")

@@ -59,11 +59,14 @@ class ImageFolderDataModule(ImageDataModule):
         test_fraction: float = 0.1,
         **images: Any,
     ) -> None:
+        # The folder first: its own errors (no such folder, one class folder) say more than
+        # the class count derived from it (data.num_classes counts the folders by default).
+        class_names, files = scan(Path(path), classes)
         super().__init__(num_classes, input_shape, **images)
         check_fractions(val_fraction, test_fraction)
         self.path = Path(path)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
-        self.class_names, self.files = scan(self.path, classes)
+        self.class_names, self.files = class_names, files
         if len(self.class_names) != num_classes:
             shown = ", ".join(self.class_names[:8]) + (", ..." if len(self.class_names) > 8 else "")
             raise ConfigError(

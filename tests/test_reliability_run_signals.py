@@ -71,7 +71,7 @@ def test_ctrl_c_during_fit_becomes_lightnings_sigterm(lightning_listening, caplo
         signal.raise_signal(signal.SIGINT)
         time.sleep(0.01)  # let the Python-level handlers run
         assert taken == [signal.SIGINT] and lightning_listening == [signal.SIGTERM]
-        said.info("Received SIGTERM: 15")  # Lightning's line for it: not shown after a Ctrl-C
+        said.info("[rank: 0] Received SIGTERM: 15")  # Lightning's line: not after a Ctrl-C
         assert "Received SIGTERM" not in caplog.text
         with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C stops at once
             signal.raise_signal(signal.SIGINT)

@@ -155,7 +155,7 @@ def ctrl_c_as_sigterm() -> Iterator[list[int]]:
 
     def not_after_ctrl_c(record: logging.LogRecord) -> bool:
         # Lightning says "Received SIGTERM: 15" for the SIGTERM that stands in for the Ctrl-C.
-        return not (taken and record.getMessage().startswith("Received SIGTERM"))
+        return not (taken and "Received SIGTERM" in record.getMessage())  # "[rank: 0] Rec..."
 
     lightning_log = logging.getLogger("lightning.pytorch.trainer.connectors.signal_connector")
     previous = signal.signal(signal.SIGINT, on_ctrl_c)

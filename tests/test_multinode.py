@@ -38,7 +38,10 @@ def start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
 @pytest.mark.slow
 def test_two_torchrun_nodes_train_like_one_node_with_two_processes(tmp_path: Path) -> None:
     root = write_image_folder(tmp_path / "imgs", per_class=12)
-    source = ImageFolderDataModule(str(root), 3, [3, 16, 16], image_size=[16, 16], num_workers=0)
+    # 20% held out each (about 7 images): two processes need two shards of every split
+    source = ImageFolderDataModule(str(root), 3, [3, 16, 16], image_size=[16, 16], num_workers=0,
+                                   val_fraction=0.2, test_fraction=0.2)  # fmt: skip
+    assert min(len(source.parts[s]) for s in ("val", "test")) >= 4
     write_shards(source, tmp_path / "shards", shard_size=2)  # several per process, every split
     run = [*RUN, f"data.path={tmp_path}/shards"]
 

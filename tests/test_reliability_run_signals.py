@@ -126,6 +126,10 @@ def test_callbacks_none_sigterm_gives_a_command_that_resumes(tmp_path: Path) -> 
     assert max(last_step(p) for p in (tmp_path / saved).parent.glob("*.ckpt")) == 8
 
 
+def _default_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop_group(sig: signal.Signals, tmp_path: Path) -> tuple[subprocess.CompletedProcess, int]:
     """`python train.py ...` with loader worker processes, `sig` sent to its whole process group
     once it has saved a checkpoint; (the finished process, the step saved before the signal)."""
@@ -136,6 +140,9 @@ def stop_group(sig: signal.Signals, tmp_path: Path) -> tuple[subprocess.Complete
         [sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=user_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group, as under a shell or SLURM
+        # As started from a terminal: a test run as a background job of a script inherits
+        # SIGINT ignored, and a run started so rightly keeps ignoring Ctrl-C.
+        preexec_fn=_default_ctrl_c,
     )  # fmt: skip
     last = tmp_path / "logs" / "train" / "R" / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 300

@@ -68,7 +68,7 @@ def test_hparams_and_layout_follow_the_tasks_metric(default_run) -> None:
     (event,) = acc.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
     titles = [c.title for c in layout.category[0].chart]
-    assert titles[:3] == ["loss: train vs val", "mse: train vs val", "R2 and MAE (val)"]
+    assert titles[:3] == ["loss: train vs val", "mse: train vs val", "R2: val"]
     assert not [t for t in titles if "accuracy" in t]
 
 

@@ -7,6 +7,7 @@ even under `_partial_`), so a crafted spec such as `numpy.savetxt` would write a
 anything is built, every `_target_` in the specs must be one of:
 
 - an nn.Module subclass defined in fasttrain.models.nets (the project's nets);
+- an LR scheduler subclass defined in fasttrain.models.schedules;
 - a LightningModule subclass defined in fasttrain.models (the project's tasks);
 - an Optimizer or LR scheduler subclass defined in torch.optim;
 - a LightningDataModule subclass defined in fasttrain.data;
@@ -50,6 +51,12 @@ def _is_optim(obj: Any) -> bool:
                (Optimizer, LRScheduler, ReduceLROnPlateau))  # fmt: skip
 
 
+def _is_schedule(obj: Any) -> bool:
+    from torch.optim.lr_scheduler import LRScheduler
+
+    return _is_class_in(obj, LRScheduler, "fasttrain.models.schedules")
+
+
 def _is_task(obj: Any) -> bool:
     from lightning import LightningModule
 
@@ -71,6 +78,7 @@ def _is_class_in(obj: Any, base: type, package: str) -> bool:
 # name prefix -> the type check of the object it resolves to
 KINDS: dict[str, Callable[[Any], bool]] = {
     "fasttrain.models.nets.": _is_net,
+    "fasttrain.models.schedules.": _is_schedule,
     "fasttrain.models.": _is_task,
     "torch.optim.": _is_optim,
     "fasttrain.data.": _is_data,

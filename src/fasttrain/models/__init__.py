@@ -2,7 +2,8 @@
 nets live in fasttrain.models.nets."""
 
 from fasttrain.models.classifier import Classifier
+from fasttrain.models.language_model import LanguageModel
 from fasttrain.models.regressor import Regressor
 from fasttrain.models.task import Task
 
-__all__ = ["Classifier", "Regressor", "Task"]
+__all__ = ["Classifier", "LanguageModel", "Regressor", "Task"]

@@ -2,8 +2,9 @@
 rebuild it from plain values without unpickling code."""
 
 from fasttrain.models.nets.cnn import SmallCNN
+from fasttrain.models.nets.gpt import GPT
 from fasttrain.models.nets.init import INIT_SCHEMES, init_weights
 from fasttrain.models.nets.mlp import MLP
 from fasttrain.models.nets.resnet import ResNet
 
-__all__ = ["INIT_SCHEMES", "MLP", "ResNet", "SmallCNN", "init_weights"]
+__all__ = ["GPT", "INIT_SCHEMES", "MLP", "ResNet", "SmallCNN", "init_weights"]

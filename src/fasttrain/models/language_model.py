@@ -1,0 +1,219 @@
+"""Language modelling on the task contract (fasttrain.models.task): next-token cross-entropy over
+windows of token ids (fasttrain.data.text), generation with a key/value cache.
+
+Logged: train/loss, val/loss and test/loss in nats per token; val/ppl (e^loss); val/bpb, bits per
+byte of text (loss / ln 2 / the split's bytes per token: comparable across tokenizers, and with
+gzip and xz); val/acc, next-token top-1 accuracy. The best checkpoint keeps the lowest val/loss.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import Metric, MetricCollection
+
+from fasttrain.config.errors import UserError
+from fasttrain.models.task import LrScaling, OptimizerFactory, SchedulerFactory, Task
+
+TOKENIZER_KEY = "tokenizer"  # the checkpoint's tokenizer JSON (fasttrain.data.tokenizer)
+
+
+class TokenAccuracy(Metric):
+    """Share of positions whose top-1 logit is the next token: logits [B, T, V], targets [B, T]."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("correct", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        self.correct += (logits.argmax(dim=-1) == targets).sum()
+        self.total += targets.numel()
+
+    def compute(self) -> torch.Tensor:
+        return self.correct.float() / self.total.clamp(min=1)
+
+
+class LanguageModel(Task):
+    """Next-token prediction over token ids [B, T] (targets: the same windows shifted by one).
+
+    Args:
+        net: token ids [B, T] -> logits [B, T, vocab_size] (fasttrain.models.nets.GPT).
+        vocab_size: the data's vocabulary (checked against the data module).
+        weight_decay: AdamW's decay on the weight matrices and embeddings only (not on biases
+            and LayerNorm gains, which it would pull to zero); overrides the optimizer's.
+        the rest: as fasttrain.models.task.Task.
+    """
+
+    monitor = "val/loss"
+    monitor_mode = "min"
+    charts: ClassVar[dict[str, list[str]]] = {
+        "bits per byte: val": [r"^val/bpb$"],
+        "perplexity: val": [r"^val/ppl$"],
+    }
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: OptimizerFactory | None,
+        vocab_size: int = 256,
+        weight_decay: float = 0.1,
+        scheduler: SchedulerFactory | None = None,
+        scheduler_interval: Literal["epoch", "step"] = "step",
+        lr_scaling: LrScaling = "none",
+        base_batch_size: int = 64,
+        compile: bool = False,
+        channels_last: bool = False,
+        input_mean: float | Sequence[float] | None = None,
+        input_std: float | Sequence[float] | None = None,
+    ) -> None:
+        self.vocab_size, self.weight_decay = vocab_size, float(weight_decay)
+        super().__init__(
+            net, optimizer, scheduler, scheduler_interval, lr_scaling, base_batch_size,
+            channels_last, compile, None, None,
+            vocab_size=vocab_size, weight_decay=float(weight_decay),
+        )  # fmt: skip
+        # Bytes per token of the held-out splits (1 for bytes), set from the data in setup.
+        self.bytes_per_token = {"val": 1.0, "test": 1.0}
+        self.tokenizer_json: str | None = None
+
+    # ---- the contract -------------------------------------------------------------------
+    def loss(self, outputs: torch.Tensor, y: torch.Tensor, training: bool) -> torch.Tensor:
+        return F.cross_entropy(outputs.reshape(-1, outputs.size(-1)).float(), y.reshape(-1))
+
+    def make_metrics(self) -> dict[str, Metric | MetricCollection]:
+        return {"acc": TokenAccuracy()}
+
+    def score(self) -> tuple[str, Metric]:
+        return "acc", TokenAccuracy()
+
+    def agreement(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+        # One answer per position: the same next token.
+        return (outputs.argmax(dim=-1) == reference.argmax(dim=-1)).flatten()
+
+    def prediction_header(self, datamodule: Any) -> list[str]:
+        return ["loss", "bpb", "acc"]
+
+    def prediction_rows(self, outputs: torch.Tensor, datamodule: Any) -> list[list[Any]]:
+        raise UserError(
+            "predict for a language model generates text: python -m fasttrain.predict "
+            "ckpt_path=... prompt='def ' (evaluate gives the test split's loss, ppl and bpb)"
+        )
+
+    def data_mismatch(self, datamodule: Any) -> str | None:
+        vocab = getattr(datamodule, "vocab_size", None)
+        if vocab is None:
+            return "token windows (data=text), but the data has no vocabulary"
+        if vocab != self.vocab_size:
+            return f"a vocabulary of {self.vocab_size} tokens, but the data's has {vocab}"
+        block = getattr(self.net, "block_size", None)
+        if block is not None and datamodule.block_size > block:
+            return f"contexts of up to {block} tokens, but data.block_size={datamodule.block_size}"
+        return None
+
+    def example_inputs(self, batch: int, input_shape: Sequence[int]) -> torch.Tensor:
+        return torch.randint(0, self.vocab_size, (batch, *input_shape))
+
+    def param_groups(self) -> Any:
+        # Weight decay on matrices (Linear weights, embeddings), none on biases and norms.
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": self.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    # ---- data, checkpoint -------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "bytes_per_token"):
+            return
+        self.bytes_per_token = {s: datamodule.bytes_per_token(s) for s in ("val", "test")}
+        record = datamodule.tokenizer_record()
+        if self.tokenizer_json is not None and self.tokenizer_json != record:
+            raise UserError(
+                "data.tokenizer_file: the data's tokenizer is not the one this checkpoint was "
+                "trained with (another run's?); leave data.tokenizer_file unset to use the "
+                "checkpoint's own"
+            )
+        self.tokenizer_json = record
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.tokenizer_json is not None:
+            checkpoint[TOKENIZER_KEY] = self.tokenizer_json
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        record = checkpoint.get(TOKENIZER_KEY)
+        if isinstance(record, str):
+            if self.tokenizer_json is not None and self.tokenizer_json != record:
+                raise UserError(
+                    "resume: the data's tokenizer is not the one the checkpoint was trained "
+                    "with (another corpus, split or data.tokenizer_file); resume=never starts over"
+                )
+            self.tokenizer_json = record
+
+    # ---- held-out values: ppl and bits per byte from the epoch's mean loss ---------------
+    def on_validation_epoch_end(self) -> None:
+        self._log_derived("val", self.val_loss)
+        super().on_validation_epoch_end()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_derived("test", self.test_loss)
+
+    def _log_derived(self, stage: str, mean_loss: Metric) -> None:
+        if not mean_loss.update_called:
+            return
+        loss = mean_loss.compute()
+        self.log(f"{stage}/ppl", torch.exp(loss), sync_dist=True)
+        bpb = loss / math.log(2) / self.bytes_per_token[stage]
+        self.log(f"{stage}/bpb", bpb, sync_dist=True)
+
+    # ---- generation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        cached: bool = True,
+    ) -> torch.Tensor:
+        """Token ids [B, t] -> [B, t + max_new_tokens]. Cached: the prompt's keys and values are
+        kept, so each new token runs one position; uncached: the whole context each token (as
+        a net without `forward_cached`). The context is the last block_size tokens."""
+        net = self.net
+        block = int(getattr(net, "block_size", prompt.size(1) + max_new_tokens))
+        step = functools.partial(_next_token, temperature=temperature, top_k=top_k,
+                                 generator=generator)  # fmt: skip
+        ids, cache, fed = prompt, None, 0
+        for _ in range(max_new_tokens):
+            if cached and hasattr(net, "forward_cached") and ids.size(1) <= block:
+                logits, cache = net.forward_cached(ids[:, fed:], cache)
+                fed = ids.size(1)
+            else:  # past block_size a cache would need positions beyond the embedding
+                logits = net(ids[:, -block:])[:, -1]
+            ids = torch.cat((ids, step(logits)), dim=1)
+        return ids
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
+                generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+    """[B, V] logits -> [B, 1] sampled ids (temperature 0: the most likely)."""
+    logits = logits.float()
+    if temperature <= 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)

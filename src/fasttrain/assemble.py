@@ -162,6 +162,7 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
     if mismatch:
         raise UserError(f"ckpt_path={cfg.ckpt_path}: {mismatch}; select the data group the "
                         "checkpoint was trained on (data=...)")  # fmt: skip
+    model.configure_data(datamodule)  # what the checkpoint recorded for it (a tokenizer)
     datamodule.prepare_data()
     datamodule.setup("test")
     return model, datamodule

@@ -91,16 +91,23 @@ def export(cfg: Any) -> dict[str, Any]:
     model, datamodule = restore(cfg)
     # Every file takes raw inputs: the data module's preprocessing is its first layer, and the
     # checks feed it the test split as raw inputs.
-    mean, std = input_statistics(datamodule, model)
-    deployed = with_preprocessing(model.net, mean, std, model.output_layer())
-    x = next(raw_batches(datamodule.test_dataloader(), mean, std, model))[0]
+    own = model.export_module()  # a task's own file contents (token ids in), else raw inputs
+    if own is not None:
+        deployed, metadata = own
+        checked: Any = datamodule.test_dataloader()
+    else:
+        mean, std = input_statistics(datamodule, model)
+        deployed = with_preprocessing(model.net, mean, std, model.output_layer())
+        metadata = describe(mean, std, datamodule.input_shape)
+        checked = raw_batches(datamodule.test_dataloader(), mean, std, model)
+    x = next(iter(checked))[0]
+    checked = checked if own is not None else raw_batches(
+        datamodule.test_dataloader(), mean, std, model)  # fmt: skip
     example = x[torch.arange(max(2, len(x))) % len(x)]  # torch.export needs a batch of >= 2
     out_dir = Path(cfg.output_dir) if cfg.output_dir else run_dir_of(cfg.ckpt_path) / "export"
-    checked = raw_batches(datamodule.test_dataloader(), mean, std, model)
     result = export_and_verify(
         deployed, model, exporters, example, checked, out_dir, device, tolerance,
-        float(cfg.latency_time), source=str(cfg.ckpt_path),
-        metadata=describe(mean, std, datamodule.input_shape),
+        float(cfg.latency_time), source=str(cfg.ckpt_path), metadata=metadata,
     )  # fmt: skip
     missed = failures(result)
     if missed and cfg.get("strict", True):
@@ -122,6 +129,8 @@ def predict(cfg: Any) -> Path:
     from fasttrain.deploy.predict import load_inputs, predict, write_predictions
 
     device = resolve_device(str(cfg.device))
+    if cfg.get("prompt") is not None:
+        return generate_text(cfg, device)
     model, datamodule = restore(cfg)
     net, rows = model, "the test split"  # the model's forward: its own preprocessing, if any
     if cfg.input:
@@ -141,9 +150,39 @@ def predict(cfg: Any) -> Path:
     return out
 
 
+def generate_text(cfg: Any, device: Any) -> Path:
+    """predict prompt=...: a language model's continuation, printed and written to
+    generation.txt in this run's folder (fasttrain.deploy.generate)."""
+    from rich.console import Console
+
+    from fasttrain.checkpoints.load import load_task
+    from fasttrain.data.tokenizer import from_json
+    from fasttrain.deploy.files import atomic_path
+    from fasttrain.deploy.generate import check_sampling, generate
+
+    check_sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k)
+    model, _ = load_task(cfg.ckpt_path)
+    if not hasattr(model, "generate") or getattr(model, "tokenizer_json", None) is None:
+        raise UserError(f"prompt=: ckpt_path={cfg.ckpt_path} is not a language model's "
+                        "checkpoint (no tokenizer); prompt= is for model=gpt")  # fmt: skip
+    tokenizer = from_json(model.tokenizer_json, f"ckpt_path={cfg.ckpt_path}")
+    result = generate(model, tokenizer, str(cfg.prompt), int(cfg.max_new_tokens),
+                      float(cfg.temperature), cfg.top_k, int(cfg.seed), device,
+                      bool(cfg.get("kv_cache", True)))  # fmt: skip
+    out = Path(cfg.output_dir or cfg.paths.output_dir) / "generation.txt"
+    with atomic_path(out) as tmp:
+        tmp.write_text(result.prompt + result.continuation)
+    console = Console(soft_wrap=True, highlight=False)
+    console.print(result.prompt + result.continuation, markup=False)
+    console.print(f"[bold]generation[/] {out} ({len(result.tokens)} tokens, "
+                  f"{result.tokens_per_sec:,.0f} tokens/s on {device}, seed {cfg.seed})")  # fmt: skip
+    return out
+
+
 def prepare(cfg: Any) -> dict[str, Any]:
     """python -m fasttrain.prepare data=... output_dir=SHARDS: the data module's train, val and
-    test splits as WebDataset shards (fasttrain.data.shards), for data=shards."""
+    test splits as WebDataset shards (fasttrain.data.shards), for data=shards; data=text: its
+    token memmaps (no output_dir: they go to data.cache_dir, where training reads them)."""
     from omegaconf import OmegaConf
     from rich.console import Console
 
@@ -151,12 +190,16 @@ def prepare(cfg: Any) -> dict[str, Any]:
     from fasttrain.config.schema import validate
     from fasttrain.data.shards import write_shards
 
+    validate(cfg, entry="prepare")  # also here: tests call the task directly
+    datamodule = build(cfg.data, "data")
+    if hasattr(datamodule, "token_folder"):  # data=text: its token memmaps, in its cache_dir
+        folder = datamodule.token_folder()
+        Console(soft_wrap=True).print(f"[bold]token memmaps[/] {folder}")
+        return {"folder": str(folder)}
     if OmegaConf.is_missing(cfg, "output_dir") or not cfg.output_dir:
         raise UserError(
             "output_dir is required: python -m fasttrain.prepare data=... output_dir=DIR"
         )
-    validate(cfg, entry="prepare")  # also here: tests call the task directly
-    datamodule = build(cfg.data, "data")
     if not hasattr(datamodule, "encoded"):
         raise UserError(f"data: {cfg.data._target_} holds no image files to write as shards; "
                         "prepare takes data=image_folder or data=cifar10")  # fmt: skip

@@ -98,6 +98,25 @@ def flops_per_sample(module: torch.nn.Module, batch: Any) -> float | None:
     return flops / x.shape[0] if flops else None
 
 
+def tokens_per_sample(module: torch.nn.Module, batch: Any) -> int | None:
+    """Tokens per sample of a model of token sequences (its net has `flops_per_token`): the
+    batch's sequence length [B, T]. None for other models."""
+    net = getattr(module, "net", None)
+    x = batch[0] if isinstance(batch, (list, tuple)) else batch
+    if not hasattr(net, "flops_per_token") or not isinstance(x, torch.Tensor) or x.ndim != 2:
+        return None
+    return int(x.shape[1])
+
+
+def formula_flops(module: torch.nn.Module, batch: Any) -> float | None:
+    """Training FLOPs per sample from the net's own formula (`flops_per_token(context)`: 6N plus
+    attention, as nanoGPT's estimate_mfu and PaLM count them), or None: then counted."""
+    tokens = tokens_per_sample(module, batch)
+    if tokens is None:
+        return None
+    return float(module.net.flops_per_token(tokens) * tokens)  # type: ignore[union-attr,operator]
+
+
 class _Window:
     """Sums over the steps since the last logging step (and, separately, over the whole fit)."""
 
@@ -117,7 +136,7 @@ class PerfMonitor(L.Callback):
     """Logs perf/samples_per_sec, perf/step_time_ms, perf/data_wait_share, perf/cpu_util_pct and,
     on CUDA, perf/mem_allocated_gb, perf/mem_peak_gb, perf/gpu_util_pct, perf/gpu_mem_used_gb
     (the last two need nvidia-ml-py: `pip install fasttrain[gpu]`), plus perf/mfu when the
-    device's dense peak is known. At the end of fit: a table and `<output_dir>/perf_summary.json`.
+    device's dense peak is known: a table and `<output_dir>/perf_summary.json`.
 
     Args:
         output_dir: where perf_summary.json goes (the run dir); None: trainer.default_root_dir.
@@ -155,6 +174,8 @@ class PerfMonitor(L.Callback):
             dense_peak_tflops(self._device_name, self._dtype) if self._cuda else None
         )
         self._flops_per_sample: float | None = None
+        # Tokens per sample for a model of token sequences (a net with `flops_per_token`).
+        self._tokens_per_sample: int | None = None
         self._measure_flops = self._peak is not None
         if self._cuda and self._peak is None:
             rank_zero_info(
@@ -212,11 +233,15 @@ class PerfMonitor(L.Callback):
         self._step_at_start = trainer.global_step
         if self._mark is None:  # no fetch hook ran (e.g. the loader is consumed in the step)
             self._mark = time.perf_counter()
+        if self._tokens_per_sample is None:
+            self._tokens_per_sample = tokens_per_sample(pl_module, batch)
         if self._measure_flops:
             self._measure_flops = False
             start = time.perf_counter()
             try:
-                self._flops_per_sample = flops_per_sample(pl_module, batch)
+                self._flops_per_sample = formula_flops(pl_module, batch) or flops_per_sample(
+                    pl_module, batch
+                )
             except Exception as err:  # any forward signature; MFU is a bonus, never a failure
                 rank_zero_info(f"perf/mfu skipped: FLOPs could not be counted ({err})")
             self._mark += time.perf_counter() - start  # counting is not training time
@@ -277,6 +302,8 @@ class PerfMonitor(L.Callback):
             "perf/samples_per_sec": w.samples * self._world / w.time,
             "perf/step_time_ms": 1e3 * w.time / w.steps,
         }
+        if self._tokens_per_sample:
+            rates["perf/tokens_per_sec"] = rates["perf/samples_per_sec"] * self._tokens_per_sample
         if self._timing_fetch:
             rates["perf/data_wait_share"] = min(1.0, w.wait / w.time)
         if self._flops_per_sample and self._peak:
@@ -319,6 +346,7 @@ class PerfMonitor(L.Callback):
             "step_time_ms_median": 1e3 * statistics.median(times) if times else None,
             "step_time_ms_p90": 1e3 * _p90(times) if times else None,
             "samples_per_sec": rates.get("perf/samples_per_sec"),
+            "tokens_per_sec": rates.get("perf/tokens_per_sec"),
             "data_wait_share": rates.get("perf/data_wait_share"),
             "mem_peak_gb": torch.cuda.max_memory_allocated(self._device) / GB
             if self._cuda
@@ -346,6 +374,7 @@ class PerfMonitor(L.Callback):
             ("step time median", s["step_time_ms_median"], "{:.2f} ms"),
             ("step time p90", s["step_time_ms_p90"], "{:.2f} ms"),
             ("samples/s", s["samples_per_sec"], "{:,.0f}"),
+            ("tokens/s", s["tokens_per_sec"], "{:,.0f}"),
             ("data-wait share", s["data_wait_share"], "{:.1%}"),
             ("peak device memory", s["mem_peak_gb"], "{:.2f} GB"),
             ("peak host memory", s["host_peak_rss_gb"], "{:.2f} GB"),

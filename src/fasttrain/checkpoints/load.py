@@ -98,4 +98,5 @@ def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[
         raise UserError(
             f"ckpt_path={path}: weights do not fit the net it names ({detail})"
         ) from None
+    model.on_load_checkpoint(ckpt)  # the task's own records (a language model's tokenizer)
     return model.eval(), data

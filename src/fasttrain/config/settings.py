@@ -203,20 +203,34 @@ def predict(
     input: str | None = None,
     output_dir: str | None = None,
     device: Device = "auto",
+    prompt: str | None = None,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    kv_cache: bool = True,
 ) -> None:
     run(task_name, run_name, seed)
     check_output_dir(output_dir)
+    if prompt is not None and input is not None:
+        raise ConfigError("input", input, "a language model's prompt= takes no input file")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError("max_new_tokens", max_new_tokens, "expected an int >= 1")
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ConfigError("temperature", temperature, "expected a number >= 0 (0: the most likely)")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ConfigError("top_k", top_k, "expected an int >= 1, or null (every token)")
 
 
 def prepare(
-    task_name: str, run_name: str, seed: int, output_dir: str, shard_size: int = 1000
-) -> None:
+    task_name: str, run_name: str, seed: int, output_dir: str | None = None,
+    shard_size: int = 1000,
+) -> None:  # fmt: skip
     run(task_name, run_name, seed)
     check_output_dir(output_dir)
     if shard_size < 1:
         raise ConfigError("shard_size", shard_size, "expected an int >= 1 (samples per shard)")
-    out = Path(output_dir).expanduser()
-    if out.is_dir() and any(out.iterdir()):
+    out = Path(output_dir).expanduser() if output_dir else None
+    if out is not None and out.is_dir() and any(out.iterdir()):
         raise ConfigError("output_dir", output_dir, "exists and is not empty; choose a new folder")
 
 

@@ -39,7 +39,9 @@ def torch_runner(
 
     @torch.inference_mode()
     def run(x: torch.Tensor) -> torch.Tensor:
-        return module(x.to(device, dtype)).float().cpu()
+        # Features in `dtype`; integer inputs (token ids) keep their type.
+        x = x.to(device, dtype) if x.is_floating_point() else x.to(device)
+        return module(x).float().cpu()
 
     return run
 
@@ -134,7 +136,7 @@ class OnnxExporter(Exporter):
             torch.onnx.export(
                 net, (example,), str(path), dynamo=True, external_data=False, verbose=False,
                 input_names=["input"], output_names=["logits"],
-                dynamic_shapes=({0: torch.export.Dim("batch")},),
+                dynamic_shapes=(dynamic_dims(net),),
             )  # fmt: skip
         return {"opset": _onnx_opset(path, metadata)}
 
@@ -151,6 +153,17 @@ class OnnxExporter(Exporter):
             return torch.from_numpy(session.run(["logits"], {"input": x.numpy()})[0])
 
         return run, torch.device("cpu")
+
+
+def dynamic_dims(net: nn.Module) -> dict[int, Any]:
+    """The input axes a file takes at any size: the batch, plus those the net names in
+    `dynamic_axes` ({axis: (name, max)}: a language model's sequence length, up to its
+    context)."""
+    axes = getattr(net, "dynamic_axes", {0: ("batch", None)})
+    return {
+        axis: torch.export.Dim(name, max=limit) if limit else torch.export.Dim(name)
+        for axis, (name, limit) in axes.items()
+    }
 
 
 def _onnx_opset(path: Path, metadata: dict[str, str]) -> int:
@@ -228,7 +241,8 @@ class HalfPrecision(nn.Module):
         self.net = net.half()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.half()).float()
+        # Token ids (a language model) stay integers; features go in as fp16.
+        return self.net(x.half() if x.is_floating_point() else x).float()
 
 
 def half_precision(net: nn.Module) -> nn.Module:

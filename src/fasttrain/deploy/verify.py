@@ -75,17 +75,19 @@ class _Tally:
     def __init__(self, checks: OutputChecks) -> None:
         self.checks = checks
         self.score_name, self.score = checks.score()
-        self.max_abs_diff, self.agree, self.seen = 0.0, 0, 0
+        self.max_abs_diff, self.agree, self.answers, self.seen = 0.0, 0, 0, 0
 
     def add(self, outputs: torch.Tensor, reference: torch.Tensor, target: torch.Tensor) -> None:
         deviation = self.checks.deviation(outputs, reference)
         self.max_abs_diff = max(self.max_abs_diff, deviation.max().item())
-        self.agree += int(self.checks.agreement(outputs, reference).sum())
+        same = self.checks.agreement(outputs, reference)  # per answer: a sample, a position
+        self.agree += int(same.sum())
+        self.answers += same.numel()
         self.score.update(outputs, target)
         self.seen += len(target)
 
     def summary(self) -> dict[str, float]:
-        return {"max_abs_diff": self.max_abs_diff, "agreement": self.agree / self.seen,
+        return {"max_abs_diff": self.max_abs_diff, "agreement": self.agree / max(1, self.answers),
                 self.score_name: float(self.score.compute()), "samples": self.seen}  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -119,6 +120,27 @@ class LanguageModel(Task):
             return f"contexts of up to {block} tokens, but data.block_size={datamodule.block_size}"
         return None
 
+    def configure_data(self, datamodule: Any) -> None:
+        if self.tokenizer_json is None or not hasattr(datamodule, "use_tokenizer"):
+            return
+        file = getattr(datamodule, "tokenizer_file", None)
+        if file and Path(file).expanduser().is_file():
+            if Path(file).expanduser().read_text(errors="replace") != self.tokenizer_json:
+                raise UserError(
+                    f"data.tokenizer_file={file!r}: not the tokenizer this checkpoint was "
+                    "trained with (another run's?); leave it unset: the checkpoint has its own"
+                )
+        datamodule.use_tokenizer(self.tokenizer_json)
+
+    def export_module(self) -> tuple[nn.Module, dict[str, str]] | None:
+        block = int(getattr(self.net, "block_size", 0)) or None
+        module = TokenLogits(self.net, block)
+        shown = f"1..{block}" if block else "T"
+        return module, {
+            "input": f"token ids int64 [N, T], T in {shown} (the checkpoint's tokenizer)",
+            "output": f"next-token logits float32 [N, T, {self.vocab_size}]",
+        }
+
     def example_inputs(self, batch: int, input_shape: Sequence[int]) -> torch.Tensor:
         return torch.randint(0, self.vocab_size, (batch, *input_shape))
 
@@ -203,6 +225,19 @@ class LanguageModel(Task):
                 logits = net(ids[:, -block:])[:, -1]
             ids = torch.cat((ids, step(logits)), dim=1)
         return ids
+
+
+class TokenLogits(nn.Module):
+    """What an exported language model holds: token ids [N, T] -> logits [N, T, V], the batch
+    and the length dynamic (up to the context)."""
+
+    def __init__(self, net: nn.Module, block_size: int | None) -> None:
+        super().__init__()
+        self.net = net
+        self.dynamic_axes = {0: ("batch", None), 1: ("length", block_size)}
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.net(idx)
 
 
 def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None,

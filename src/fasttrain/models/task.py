@@ -20,7 +20,10 @@ What the machinery reads, and only this:
 - `score`, `agreement`, `deviation`: the held-out score the export checks compare formats by
   (higher is better: accuracy, R^2), when two formats' outputs for a sample are the same answer,
   and their difference on the net's own scale.
-- `data_mismatch(datamodule)`: why a data module cannot feed this model (evaluate, predict).
+- `data_mismatch(datamodule)`: why a data module cannot feed this model (evaluate, predict);
+  `configure_data(datamodule)`: what the checkpoint recorded for it (a tokenizer);
+  `example_inputs(batch, input_shape)`: inputs the net takes (random token ids, for a language
+  model), for checks and tests.
 - The checkpoint: `hparams` hold plain values and the Hydra specs of the net, optimizer and
   scheduler; `on_save_checkpoint` adds the task's and the data module's class, so
   fasttrain.checkpoints.load rebuilds any task with `from_hparams` after its allowlist checked
@@ -147,6 +150,19 @@ class Task(L.LightningModule):
     def data_mismatch(self, datamodule: Any) -> str | None:
         """Why `datamodule` cannot feed this model (None: it can)."""
         return None
+
+    def configure_data(self, datamodule: Any) -> None:
+        """Hand a data module what this checkpoint recorded for it (a language model's
+        tokenizer), before evaluate, export or predict set it up."""
+
+    def export_module(self) -> tuple[nn.Module, dict[str, str]] | None:
+        """(the module every exported file holds, what it takes in words), or None: then the
+        net behind the data's input preprocessing and the output layer (fasttrain.deploy)."""
+        return None
+
+    def example_inputs(self, batch: int, input_shape: Sequence[int]) -> torch.Tensor:
+        """A batch of inputs the net takes (token ids for a language model), for checks."""
+        return torch.randn(batch, *input_shape)
 
     # ---- shared by every task -------------------------------------------------------------
     input_mean: torch.Tensor | None  # buffers (register_buffer below)

@@ -45,7 +45,7 @@ def test_checkpoint_round_trip(case: tuple[str, str, str], tmp_path: Path) -> No
                 TASK_TARGET_KEY: qualname(type(model))}, ckpt)  # fmt: skip
     rebuilt, _ = load_task(ckpt)
     assert type(rebuilt) is type(model) and isinstance(rebuilt, Task)
-    x = torch.randn(4, *cfg.data.input_shape)
+    x = model.example_inputs(4, cfg.data.input_shape)
     with torch.no_grad():
         assert torch.equal(rebuilt(x), model(x))
 
@@ -107,10 +107,16 @@ def test_short_run_then_evaluate_export_predict(
     from fasttrain.deploy.inputs import input_statistics, raw_batches
 
     mean, std = input_statistics(datamodule, model)
-    raw, _ = next(raw_batches([(x, None)], mean, std, model))
+    own = model.export_module() is not None  # the task's own inputs (token ids): as they are
+    raw = x if own else next(raw_batches([(x, None)], mean, std, model))[0]
     with torch.no_grad():
         assert torch.allclose(ts(raw), model(x).float(), atol=1e-4, rtol=1e-4)
 
+    if hasattr(model, "generate"):  # a language model's predict continues a prompt
+        out = predict(entry_cfg("predict", best, data, tmp_path / "p", f"output_dir={tmp_path}/p",
+                                "prompt='def '", "max_new_tokens=8"))  # fmt: skip
+        assert out.name == "generation.txt" and out.read_text().startswith("def ")
+        return
     out = predict(entry_cfg("predict", best, data, tmp_path / "p", f"output_dir={tmp_path}/p"))
     with out.open(newline="") as f:
         rows = list(csv.reader(f))

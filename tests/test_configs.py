@@ -17,6 +17,8 @@ from fake_data import write_for
 from fasttrain.assemble import build, build_all
 from fasttrain.config.errors import UserError
 from fasttrain.config.schema import validate
+from fasttrain.models.spec import qualname
+from fasttrain.models.task import TASK_TARGET_KEY
 
 # Configs that ask for a CUDA device: without one they must fail with a clear error instead.
 NEEDS_CUDA = {"trainer/gpu.yaml", "debug/nvtx.yaml", "trainer/ddp.yaml", "trainer/fsdp.yaml"}
@@ -49,6 +51,8 @@ SHORT = [
 # Smoke runs that need more to stay short on 2 CPU cores: the CIFAR recipe compiles ResNet-18
 # (minutes here); its own test (test_cifar_recipe.py) runs it at this size too.
 SMOKE_EXTRA = {
+    # GPT-2 small's 85M parameters (at 256 tokens), a GPU preset: two tiny batches here
+    "model/net/gpt2_small.yaml": ["data.batch_size=2", "data.block_size=16", "data.eval_windows=2"],
     "experiment/cifar10_resnet18.yaml": [
         "model.compile=false", "model.net.channels=[8,16,32,64]", "data.batch_size=8",
     ],
@@ -85,7 +89,8 @@ def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(primary, overrides=overrides, return_hydra_config=parts[0] == "hydra")
         write_for(cfg)  # image data sets read files: small fakes where data.path points
-        if group == "data" and "model" in cfg and not image_shaped(cfg.data.input_shape):
+        cnn = "model" in cfg and str(cfg.model.net.get("_target_", "")).endswith("SmallCNN")
+        if group == "data" and cnn and not image_shaped(cfg.data.input_shape):
             # A data set declares the input it gives (input_shape); the default net is a CNN on
             # images [C, H, W], so anything else runs with the MLP, which takes any shape.
             cfg = compose(primary, overrides=["model/net=mlp", *overrides])
@@ -99,6 +104,15 @@ def pairing(group: str, option: str) -> list[str]:
     if group == "model":
         data = data_for(option)
         return [] if data in (None, DEFAULT_DATA) else [f"data={data}"]
+    if group == "model/net":  # a net with the first task (and its data) it resolves with
+        for task in task_files():
+            chosen = [f"model={task}", f"data={data_for(task)}", f"model/net={option}"]
+            try:
+                OmegaConf.to_container(compose_train(chosen).model, resolve=True)
+            except Exception:  # e.g. a transformer's vocab_size asked of class labels
+                continue
+            return [] if task == "classifier" else chosen[:2]
+        return []
     if group != "data" or _resolves(None, option):
         return []
     task = next((t for t in task_files() if _resolves(t, option)), None)
@@ -211,13 +225,20 @@ def test_every_net_config_round_trips_through_a_checkpoint(net: str, tmp_path: P
     from fasttrain.assemble import build_model
     from fasttrain.checkpoints.load import load_task
 
-    extra = [f"model/net={net}", "data.input_shape=[3,8,8]"]
-    cfg = compose_for("data/synthetic.yaml", tmp_path, extra)
+    paired = pairing("model/net", net)  # a net of another task (gpt: the language model)
+    if paired:
+        cfg = compose_for(f"model/net/{net}.yaml", tmp_path)
+        shape = list(cfg.data.input_shape)
+    else:
+        extra = [f"model/net={net}", "data.input_shape=[3,8,8]"]
+        cfg = compose_for("data/synthetic.yaml", tmp_path, extra)
+        shape = [3, 8, 8]
     model = build_model(cfg.model).eval()
     ckpt = tmp_path / "net.ckpt"
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
+                TASK_TARGET_KEY: qualname(type(model))}, ckpt)  # fmt: skip
     rebuilt, _ = load_task(ckpt)
-    x = torch.randn(4, 3, 8, 8)
+    x = model.example_inputs(4, shape)
     with torch.no_grad():
         assert torch.equal(rebuilt(x), model(x))
 

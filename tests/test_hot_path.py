@@ -103,7 +103,14 @@ class CountPerStep(L.Callback):
 
 # ema: the weight average updated after every step (fasttrain.callbacks.averaging); Lightning's
 # own EMAWeightAveraging fails here with 2 syncs per step (torch's AveragedModel counter).
-@pytest.mark.parametrize("extra", [(), ("callbacks/averaging=ema",)], ids=["default", "ema"])
+# lm: the language model on token windows of the default corpus (35 batches of 32 windows).
+LM = ("model=gpt", "data=text", "data.windows_per_epoch=1120", "data.block_size=32",
+      "model.net.n_layer=1", "model.net.n_embd=32")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra", [(), ("callbacks/averaging=ema",), LM], ids=["default", "ema", "lm"]
+)
 def test_default_config_makes_no_sync_on_steps_that_do_not_log(
     tmp_path: Path, extra: tuple[str, ...]
 ) -> None:

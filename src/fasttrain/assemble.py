@@ -102,6 +102,9 @@ def build_run(
     validate(cfg, entry="train")
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data, "data")
+    # A data module that reads and checks its source before the trainer exists (data=text: the
+    # corpus, tokenized once into memmaps): a bad one is then one line, before anything runs.
+    getattr(datamodule, "prepare_before_trainer", lambda: None)()
     model = build_model(cfg.model, **model_kwargs)
     mismatch = getattr(model, "data_mismatch", lambda _: None)(datamodule)
     if mismatch:  # e.g. model.num_targets=2 on a data set with one target per sample

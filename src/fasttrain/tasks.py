@@ -174,8 +174,10 @@ def generate_text(cfg: Any, device: Any) -> Path:
         tmp.write_text(result.prompt + result.continuation)
     console = Console(soft_wrap=True, highlight=False)
     console.print(result.prompt + result.continuation, markup=False)
-    console.print(f"[bold]generation[/] {out} ({len(result.tokens)} tokens, "
-                  f"{result.tokens_per_sec:,.0f} tokens/s on {device}, seed {cfg.seed})")  # fmt: skip
+    rate = f"{result.tokens_per_sec:,.0f} tokens/s on {device}"
+    console.print(
+        f"[bold]generation[/] {out} ({len(result.tokens)} tokens, {rate}, seed {cfg.seed})"
+    )
     return out
 
 

@@ -76,7 +76,8 @@ def check_pairing(cfg: DictConfig) -> None:
                 raise UserError(
                     f"{err.full_key}: takes ${{{key}}}, which the selected data set does not "
                     f"set ({_target_of(cfg, 'data')}); model= and data= must be of one kind "
-                    "(class labels: num_classes, regression targets: num_targets)"
+                    "(class labels: num_classes, regression targets: num_targets, token "
+                    "windows: vocab_size; e.g. model=gpt data=text)"
                 ) from None
 
 

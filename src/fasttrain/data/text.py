@@ -113,15 +113,15 @@ def read_documents(root: Path, files: Sequence[Path], path: str | None) -> dict[
             continue
         if data:
             documents[file.relative_to(root).as_posix()] = data
+    if not documents:
+        raise UserError(
+            f"data.path={path!r}: the corpus has no text: {len(files)} files, none of them "
+            f"non-empty UTF-8 text ({len(skipped)} with undecodable or NUL bytes)"
+        )
     if skipped:
         rank_zero_warn(
             f"data.path: skipped {len(skipped)} of {len(files)} files that are not UTF-8 text "
             f"(undecodable bytes or NUL bytes), e.g. {skipped[0]}"
-        )
-    if not documents:
-        raise UserError(
-            f"data.path={path!r}: the corpus has no text: {len(files)} files, none of them "
-            "non-empty UTF-8 text"
         )
     return documents
 
@@ -139,7 +139,13 @@ def split_documents(
     for name in sorted(documents):
         digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
         share = int.from_bytes(digest[:8], "big") / 2**64
-        split = "test" if share < test_fraction else "val" if share < test_fraction + val_fraction else "train"
+        split = (
+            "test"
+            if share < test_fraction
+            else "val"
+            if share < test_fraction + val_fraction
+            else "train"
+        )
         splits[split].append(documents[name])
     return splits
 
@@ -180,7 +186,9 @@ class TokenWindows:
             return self.starts[np.asarray(indices)]
         with np.errstate(over="ignore"):
             tags = np.asarray(indices, dtype=np.uint64)
-            return (_mix(_mix(np.full_like(tags, self.seed)) ^ tags) % np.uint64(self.span)).astype(np.int64)
+            return (_mix(_mix(np.full_like(tags, self.seed)) ^ tags) % np.uint64(self.span)).astype(
+                np.int64
+            )
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         starts = self.window_starts(indices)
@@ -240,7 +248,11 @@ class TextDataModule(L.LightningDataModule):
         check_fractions(val_fraction, test_fraction)
         self.save_hyperparameters()
         self.path, self.tokenizer_kind, self.vocab_size = path, tokenizer, vocab_size
-        self.tokenizer_file, self.block_size, self.batch_size = tokenizer_file, block_size, batch_size
+        self.tokenizer_file, self.block_size, self.batch_size = (
+            tokenizer_file,
+            block_size,
+            batch_size,
+        )
         self.windows_per_epoch, self.eval_windows = windows_per_epoch, eval_windows
         self.val_fraction, self.test_fraction, self.seed = val_fraction, test_fraction, seed
         self.cache_dir, self.token_dtype = Path(cache_dir), token_dtype
@@ -253,6 +265,8 @@ class TextDataModule(L.LightningDataModule):
         self.meta: dict[str, Any] = {}
         self.folder: Path | None = None
         self.dtype()  # a vocabulary the memmap type cannot hold: refused before anything runs
+        if path is not None:  # a corpus that is not there: refused before a run folder exists
+            corpus_files(path)
 
     # ---- the token files ------------------------------------------------------------------
     def use_tokenizer(self, tokenizer_json: str) -> None:
@@ -260,7 +274,9 @@ class TextDataModule(L.LightningDataModule):
         self.tokenizer_json = tokenizer_json
 
     def dtype(self) -> np.dtype:
-        if self.token_dtype == "uint32" or (self.token_dtype == "auto" and self.vocab_size > UINT16_VOCAB):
+        if self.token_dtype == "uint32" or (
+            self.token_dtype == "auto" and self.vocab_size > UINT16_VOCAB
+        ):
             return np.dtype(np.uint32)
         if self.vocab_size > UINT16_VOCAB:
             raise UserError(
@@ -295,6 +311,12 @@ class TextDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         self.token_folder()
 
+    def prepare_before_trainer(self) -> None:
+        """Read and check the corpus, and write its memmaps, before a trainer exists
+        (fasttrain.assemble.build_run): an empty corpus or a block_size longer than a split is
+        one line then. Later calls find the folder."""
+        self.token_folder()
+
     def token_folder(self) -> Path:
         """The folder of this corpus's token memmaps, written first if absent."""
         dtype = self.dtype()  # a dtype that cannot hold the vocabulary: refused before reading
@@ -318,7 +340,7 @@ class TextDataModule(L.LightningDataModule):
             "corpus": str(root) if self.path is None else self.path, "documents": len(documents),
             "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
             "tokenizer_fingerprint": fingerprint(tokenizer.to_json()),
-            "splits": {s: {"documents": len(splits[s]), "tokens": int(len(encoded[s])),
+            "splits": {s: {"documents": len(splits[s]), "tokens": len(encoded[s]),
                            "bytes": sum(map(len, splits[s]))} for s in SPLITS},
         }  # fmt: skip
         _write_folder(folder, encoded, dtype, meta, tokenizer.to_json())
@@ -326,12 +348,15 @@ class TextDataModule(L.LightningDataModule):
 
     def _tokenizer(self, given: str | None, train_docs: Sequence[bytes]) -> Tokenizer:
         if given is not None:
-            tokenizer = from_json(given, f"data.tokenizer_file={self.tokenizer_file!r}"
-                                  if self.tokenizer_json is None else "the checkpoint's tokenizer")  # fmt: skip
+            where = (f"data.tokenizer_file={self.tokenizer_file!r}"
+                     if self.tokenizer_json is None else "the checkpoint's tokenizer")  # fmt: skip
+            tokenizer = from_json(given, where)
         elif self.tokenizer_kind == "byte":
             tokenizer = ByteTokenizer()
         else:
-            rank_zero_info(f"training a byte-level BPE of {self.vocab_size} tokens on the training split")
+            rank_zero_info(
+                f"training a byte-level BPE of {self.vocab_size} tokens on the training split"
+            )
             tokenizer = BpeTokenizer.train(train_docs, self.vocab_size)
         if tokenizer.vocab_size != self.vocab_size:
             raise UserError(
@@ -379,7 +404,9 @@ class TextDataModule(L.LightningDataModule):
         tokens = self.tokens[split]
         if not self.on_device:
             return tokens
-        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        device = (
+            self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        )
         if not isinstance(tokens, torch.Tensor) or tokens.device != device:
             tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(device)
             self.tokens[split] = tokens
@@ -431,7 +458,8 @@ def _write_folder(folder: Path, encoded: dict[str, np.ndarray], dtype: np.dtype,
         shutil.rmtree(tmp, ignore_errors=True)
     rank_zero_info(
         f"token memmaps: {folder} ("
-        + ", ".join(f"{s} {v['tokens']:,} tokens" for s, v in meta["splits"].items()) + ")"
+        + ", ".join(f"{s} {v['tokens']:,} tokens" for s, v in meta["splits"].items())
+        + ")"
     )
 
 
@@ -440,8 +468,9 @@ def _check_args(tokenizer: str, vocab_size: int, block_size: int, batch_size: in
                 on_device: bool) -> None:  # fmt: skip
     if tokenizer not in ("byte", "bpe"):
         raise ConfigError("tokenizer", tokenizer, "expected byte or bpe")
-    for name, value in (("block_size", block_size), ("batch_size", batch_size),
-                        ("windows_per_epoch", windows_per_epoch), ("eval_windows", eval_windows)):  # fmt: skip
+    sizes = (("block_size", block_size), ("batch_size", batch_size),
+             ("windows_per_epoch", windows_per_epoch), ("eval_windows", eval_windows))  # fmt: skip
+    for name, value in sizes:
         if not isinstance(value, int) or value < 1:
             raise ConfigError(name, value, "expected an int >= 1")
     if tokenizer == "byte" and vocab_size != BYTE_VOCAB:
@@ -457,4 +486,6 @@ def _check_args(tokenizer: str, vocab_size: int, block_size: int, batch_size: in
     if not isinstance(num_workers, int) or num_workers < 0:
         raise ConfigError("num_workers", num_workers, "expected an int >= 0")
     if on_device and num_workers:
-        raise ConfigError("on_device", on_device, "windows are gathered on the device: set data.num_workers=0")
+        raise ConfigError(
+            "on_device", on_device, "windows are gathered on the device: set data.num_workers=0"
+        )

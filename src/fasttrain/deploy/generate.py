@@ -57,6 +57,6 @@ def generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, tempe
     x = torch.tensor([ids], dtype=torch.long, device=device)
     start = time.perf_counter()
     out = model.generate(x, max_new_tokens, float(temperature), top_k, generator, cached)
-    new = out[0, len(ids):].tolist()  # the one read back, after the last token
+    new = out[0, len(ids) :].tolist()  # the one read back, after the last token
     seconds = time.perf_counter() - start
     return Generation(prompt, tokenizer.decode(new), new, len(new) / max(seconds, 1e-9))

@@ -29,6 +29,8 @@ class TokenAccuracy(Metric):
     """Share of positions whose top-1 logit is the next token: logits [B, T, V], targets [B, T]."""
 
     full_state_update = False
+    correct: torch.Tensor  # states (add_state)
+    total: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -124,12 +126,16 @@ class LanguageModel(Task):
         if self.tokenizer_json is None or not hasattr(datamodule, "use_tokenizer"):
             return
         file = getattr(datamodule, "tokenizer_file", None)
-        if file and Path(file).expanduser().is_file():
-            if Path(file).expanduser().read_text(errors="replace") != self.tokenizer_json:
-                raise UserError(
-                    f"data.tokenizer_file={file!r}: not the tokenizer this checkpoint was "
-                    "trained with (another run's?); leave it unset: the checkpoint has its own"
-                )
+        given = Path(file).expanduser() if file else None
+        if (
+            given is not None
+            and given.is_file()
+            and given.read_text(errors="replace") != (self.tokenizer_json)
+        ):
+            raise UserError(
+                f"data.tokenizer_file={file!r}: not the tokenizer this checkpoint was "
+                "trained with (another run's?); leave it unset: the checkpoint has its own"
+            )
         datamodule.use_tokenizer(self.tokenizer_json)
 
     def export_module(self) -> tuple[nn.Module, dict[str, str]] | None:
@@ -219,7 +225,7 @@ class LanguageModel(Task):
         ids, cache, fed = prompt, None, 0
         for _ in range(max_new_tokens):
             if cached and hasattr(net, "forward_cached") and ids.size(1) <= block:
-                logits, cache = net.forward_cached(ids[:, fed:], cache)
+                logits, cache = net.forward_cached(ids[:, fed:], cache)  # type: ignore[operator]
                 fed = ids.size(1)
             else:  # past block_size a cache would need positions beyond the embedding
                 logits = net(ids[:, -block:])[:, -1]

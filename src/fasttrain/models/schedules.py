@@ -41,8 +41,10 @@ class WarmupCosine(LRScheduler):
         if step < warmup:
             return (step + 1) / (warmup + 1)
         progress = min(1.0, (step - warmup) / max(1, self.total_steps - warmup))
-        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (
+            1 + math.cos(math.pi * progress)
+        )
 
-    def get_lr(self) -> list[float]:
+    def get_lr(self) -> list[float | torch.Tensor]:
         share = self.factor(self.last_epoch)
         return [group["initial_lr"] * share for group in self.optimizer.param_groups]

@@ -137,9 +137,7 @@ class GPT(HyperparametersMixin, nn.Module):
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            Block(n_embd, n_head, dropout, bias) for _ in range(n_layer)
-        )
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying (one matrix, counted once)
@@ -176,7 +174,7 @@ class GPT(HyperparametersMixin, nn.Module):
         x = self._embed(idx, start)
         grown: KVCache = []
         for i, block in enumerate(self.blocks):
-            x, kv = block.forward_cached(x, None if cache is None else cache[i])
+            x, kv = block.forward_cached(x, None if cache is None else cache[i])  # type: ignore[operator]
             grown.append(kv)
         return self.lm_head(self.ln_f(x[:, -1])), grown
 

@@ -56,6 +56,11 @@ RESULTS = ROOT / "bench" / "results"
 CASES = {
     "tiny_mlp": {"input_shape": [1, 8, 8], "hidden": [64], "batch_size": 64},
     "mlp_5ms": {"input_shape": [1, 28, 28], "hidden": [256, 256], "batch_size": 128},
+    # A language model (model=gpt data=text): a 2-layer GPT on windows of 64 byte tokens. A is
+    # nanoGPT's loop: its get_batch (random starts, one slice a window, stacked) on the same
+    # memmap and starts, AdamW with decay on matrices only, betas (0.9, 0.95). L: n/a (the
+    # typical template is a classifier's).
+    "lm": {"kind": "lm", "block_size": 64, "n_layer": 2, "n_embd": 64, "batch_size": 16},
 }
 VARIANTS = ("A", "B", "C", "D", "L")
 # "cpu" (make bench) or "cuda" (bench/gpu_check.sh: --device cuda, where hidden host work shows
@@ -75,10 +80,63 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def make_net(case: dict):
-    from fasttrain.models.nets import MLP
+def is_lm(case: dict) -> bool:
+    return case.get("kind") == "lm"
 
+
+def variants_of(case: dict) -> tuple[str, ...]:
+    return tuple(v for v in VARIANTS if v != "L" or not is_lm(case))
+
+
+def make_net(case: dict):
+    from fasttrain.models.nets import GPT, MLP
+
+    if is_lm(case):
+        return GPT(256, case["block_size"], case["n_layer"], 4, case["n_embd"])
     return MLP(case["input_shape"], 10, hidden=case["hidden"], dropout=0.0)
+
+
+TOKENS = 200_000  # the lm case's token memmap (random bytes), written once per process
+
+
+@functools.cache
+def token_memmap():
+    import tempfile
+
+    import numpy as np
+
+    path = Path(tempfile.mkdtemp()) / "train.bin"
+    np.random.default_rng(0).integers(0, 256, TOKENS, dtype=np.uint16).tofile(path)
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def lm_windows(case: dict, steps: int, seed: int):
+    """fasttrain's training windows of the memmap (fasttrain.data.text.TokenWindows)."""
+    from fasttrain.data.text import TokenWindows
+
+    return TokenWindows(token_memmap(), case["block_size"], steps * case["batch_size"], seed)
+
+
+def nanogpt_batches(case: dict, steps: int, seed: int):
+    """nanoGPT's get_batch on the same memmap and window starts: one slice per window, stacked."""
+    import numpy as np
+    import torch
+
+    data, block, size = token_memmap(), case["block_size"], case["batch_size"]
+    starts = lm_windows(case, steps, seed).window_starts(list(range(steps * size)))
+    for step in range(steps):
+        ix = starts[step * size : (step + 1) * size]
+        x = torch.stack([torch.from_numpy(data[i : i + block].astype(np.int64)) for i in ix])
+        y = torch.stack(
+            [torch.from_numpy(data[i + 1 : i + 1 + block].astype(np.int64)) for i in ix]
+        )
+        yield x, y
+
+
+def lm_param_groups(net, weight_decay: float = 0.01):
+    params = list(net.parameters())
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
 
 
 class StepTimer:
@@ -118,6 +176,10 @@ def loader(case: dict, steps: int, seed: int):
 
     from fasttrain.data.batches import Batched, as_batch
 
+    if is_lm(case):  # in order (no shuffle): every variant gets the same windows
+        return DataLoader(lm_windows(case, steps, seed), batch_size=case["batch_size"],
+                          collate_fn=as_batch)  # fmt: skip
+
     gen = torch.Generator().manual_seed(seed)
     n = steps * case["batch_size"]
     x = torch.randn(n, *case["input_shape"], generator=gen)
@@ -131,10 +193,15 @@ def final_loss(net, case: dict) -> float:
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(123)
-    x = torch.randn(256, *case["input_shape"], generator=gen)
-    y = torch.randint(0, 10, (256,), generator=gen)
     net.eval()
     device = next(net.parameters()).device
+    if is_lm(case):
+        x, y = next(iter(loader(case, 1, seed=123)))
+        with torch.no_grad():
+            logits = net(x.to(device))
+            return F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten()).item()
+    x = torch.randn(256, *case["input_shape"], generator=gen)
+    y = torch.randint(0, 10, (256,), generator=gen)
     with torch.no_grad():
         return F.cross_entropy(net(x.to(device)), y.to(device)).item()
 
@@ -144,6 +211,8 @@ def run_a(case: dict, net0, steps: int, timer: StepTimer) -> float:
     import torch.nn.functional as F
 
     net = copy.deepcopy(net0).to(DEVICE).train()
+    if is_lm(case):
+        return run_a_lm(case, net, steps, timer)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
     for step, (x, y) in enumerate(loader(case, steps, seed=0)):
         timer.at_step_start(step)
@@ -152,6 +221,24 @@ def run_a(case: dict, net0, steps: int, timer: StepTimer) -> float:
         loss = F.cross_entropy(net(x), y)
         loss.backward()
         opt.step()
+        timer.at_step_end(step)
+    return final_loss(net, case)
+
+
+def run_a_lm(case: dict, net, steps: int, timer: StepTimer) -> float:
+    """nanoGPT's loop (train.py, one process, no accumulation, no scaler in fp32)."""
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(lm_param_groups(net), lr=1e-3, betas=(0.9, 0.95), fused=True)
+    for step, (x, y) in enumerate(nanogpt_batches(case, steps, seed=0)):
+        timer.at_step_start(step)
+        x, y = x.to(DEVICE), y.to(DEVICE)
+        logits = net(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         timer.at_step_end(step)
     return final_loss(net, case)
 
@@ -173,10 +260,14 @@ def run_b(case: dict, net0, steps: int, timer: StepTimer) -> float:
     import lightning as L
     import torch
 
-    from fasttrain.models import Classifier
+    from fasttrain.models import Classifier, LanguageModel
 
     optimizer = functools.partial(torch.optim.AdamW, lr=1e-3, fused=True)
-    model = Classifier(copy.deepcopy(net0), optimizer, 10)
+    if is_lm(case):
+        optimizer = functools.partial(optimizer, betas=(0.9, 0.95))
+        model = LanguageModel(copy.deepcopy(net0), optimizer, 256, weight_decay=0.01)
+    else:
+        model = Classifier(copy.deepcopy(net0), optimizer, 10)
     trainer = L.Trainer(
         accelerator=accelerator(), devices=1, max_epochs=1, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -197,6 +288,12 @@ def compose_default(case: dict, steps: int, out: Path, with_perf: bool, drop: st
         "model.optimizer._target_=torch.optim.AdamW", "model.optimizer.lr=0.001",
         "model.optimizer.weight_decay=0.01", "model.optimizer.fused=true",
     ]  # fmt: skip
+    if is_lm(case):  # the data module goes unused (the bench feeds its batches): a small corpus
+        corpus = out / "corpus.txt"
+        corpus.parent.mkdir(parents=True, exist_ok=True)
+        corpus.write_text("def f(x):\n    return x\n" * 2000)
+        overrides += ["model=gpt", "data=text", f"data.path={corpus}",
+                      f"data.block_size={case['block_size']}", "model.weight_decay=0.01"]  # fmt: skip
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     if not with_perf:
@@ -348,7 +445,7 @@ def work_per_step(measured: int, out: Path) -> dict[str, Any]:
         net0 = make_net(case)
         results[name] = {
             v: counted(measured, functools.partial(run_variant, v, case, net0), out / f"work_{v}")
-            for v in VARIANTS
+            for v in variants_of(case)
         }
     return results
 
@@ -389,13 +486,13 @@ def bench_steps(reps: int, warmup: int, measured: int, out: Path) -> dict[str, A
     import torch
 
     torch.set_num_threads(1)
-    has_perf = "perf" in compose_default(CASES["tiny_mlp"], 1, out, True).callbacks
-    variants = [v for v in VARIANTS if v != "D" or has_perf]
+    has_perf = "perf" in compose_default(next(iter(CASES.values())), 1, out, True).callbacks
     results: dict[str, Any] = {}
     for name, case in CASES.items():
         L.seed_everything(0, verbose=False)
         net0 = make_net(case)
         steps = warmup + measured
+        variants = [v for v in variants_of(case) if v != "D" or has_perf]
         times: dict[str, list[float]] = {k: [] for k in variants}
         cpu_times: dict[str, list[float]] = {k: [] for k in variants}
         losses: dict[str, float] = {}
@@ -413,6 +510,10 @@ def bench_steps(reps: int, warmup: int, measured: int, out: Path) -> dict[str, A
         results[name]["samples_per_sec"] = {
             k: case["batch_size"] * 1e6 / statistics.median(v) for k, v in times.items() if v
         }
+        if is_lm(case):
+            results[name]["tokens_per_sec"] = {
+                k: v * case["block_size"] for k, v in results[name]["samples_per_sec"].items()
+            }
     return results
 
 
@@ -427,15 +528,15 @@ def summarize(times: dict[str, list[float]], losses: dict[str, float]) -> dict[s
         "us_per_step": {k: spread(v) for k, v in times.items() if v},
         "ratio_B_over_A": ratio("B", "A"),
         "ratio_C_over_A": ratio("C", "A"),
-        "ratio_L_over_A": ratio("L", "A"),
-        "ratio_C_over_L": ratio("C", "L"),
         "overhead_C_minus_A_ms": minus_ms("C", "A"),
         "overhead_C_minus_B_ms": minus_ms("C", "B"),
         "overhead_B_minus_A_ms": minus_ms("B", "A"),
-        "overhead_L_minus_A_ms": minus_ms("L", "A"),
         "final_loss": losses,
         "A_and_B_same_loss_5dp": round(losses["A"], 5) == round(losses["B"], 5),
     }
+    if times.get("L"):  # the typical template: classifier cases only
+        entry.update(ratio_L_over_A=ratio("L", "A"), ratio_C_over_L=ratio("C", "L"),
+                     overhead_L_minus_A_ms=minus_ms("L", "A"))  # fmt: skip
     if times.get("D"):
         entry["ratio_C_over_D_perfmonitor"] = ratio("C", "D")
     return entry
@@ -496,12 +597,14 @@ def table(results: dict[str, Any]) -> str:
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results["steps"].items():
         us = {k: v["median"] for k, v in r["us_per_step"].items()}
-        ca, la = r["ratio_C_over_A"], r["ratio_L_over_A"]
+        ca, la = r["ratio_C_over_A"], r.get("ratio_L_over_A")
         cd = r.get("ratio_C_over_D_perfmonitor")
         perf = f"{cd['median']:.3f}" if cd else "n/a"
+        l_us = f"{us['L']:.0f}" if "L" in us else "n/a"
+        l_ratio = f"{la['median']:.3f}" if la else "n/a"
         lines.append(
-            f"| {name} | {us['A']:.0f} | {us['B']:.0f} | {us['C']:.0f} | {us['L']:.0f} "
-            f"| {ca['median']:.3f} ({ca['min']:.3f}–{ca['max']:.3f}) | {la['median']:.3f} "
+            f"| {name} | {us['A']:.0f} | {us['B']:.0f} | {us['C']:.0f} | {l_us} "
+            f"| {ca['median']:.3f} ({ca['min']:.3f}–{ca['max']:.3f}) | {l_ratio} "
             f"| {r['overhead_C_minus_A_ms']:.3f} | {r['overhead_C_minus_B_ms']:.3f} "
             f"| {r['overhead_B_minus_A_ms']:.3f} | {perf} |"
         )
@@ -511,7 +614,7 @@ def table(results: dict[str, Any]) -> str:
                   "|---|" + "---|" * len(VARIANTS)]  # fmt: skip
         for name, w in work.items():
             for key, label in (("python_calls", "Python calls"), ("torch_ops", "torch ops")):
-                cells = " | ".join(f"{w[v][key]:.0f}" for v in VARIANTS if v in w)
+                cells = " | ".join(f"{w[v][key]:.0f}" if v in w else "n/a" for v in VARIANTS)
                 lines.append(f"| {name}: {label} | {cells} |")
     p = results.get("process")
     if p:

@@ -8,7 +8,8 @@ of `python train.py ...` gets.
 Sections (each appended to gpu_results.json as it finishes, so a timeout keeps what was done):
   conv         ResNet-18 on GPU-resident synthetic 3x32x32 batches: images/s for fp32, tf32,
                16-mixed, bf16-mixed, each without/with channels_last, and compiled variants
-  transformer  a GPT-style decoder (GPT-2 small shape) in bf16-mixed + compile: tokens/s, MFU
+  transformer  model=gpt model/net=gpt2_small (the template's own task) in bf16-mixed + compile:
+               tokens/s and MFU against nanoGPT's hand-written loop on the same net and batches
   data_wait    perf/data_wait_share of short `python train.py` runs on digits and synthetic
                data with the default loader, pin_memory/device_prefetch off and on
   recipe       experiment=cifar10_resnet18 on synthetic CIFAR-shaped data (data=synthetic):
@@ -181,57 +182,52 @@ def bench_conv(out: Path, smoke: bool, device: str) -> dict[str, Any]:
     }
 
 
-# ---- transformer: MFU ----------------------------------------------------------------------------
-def gpt_module(vocab: int, d: int, layers: int, heads: int, seq: int):
-    import lightning as L
+# ---- transformer: MFU, the template's language model against a hand-written loop ----------------
+def lm_model(out: Path, smoke: bool, compile_net: bool):
+    """`model=gpt model/net=gpt2_small` as composed from conf/ (the smoke run: the tiny preset),
+    its vocabulary a BPE's (GPT-2's size class; no data module needed to build it)."""
+    from fasttrain.assemble import build_model
+
+    small = ["data.block_size=32", "data.vocab_size=512"]
+    large = ["model/net=gpt2_small", "data.block_size=1024", "data.vocab_size=32768"]
+    net = small if smoke else large
+    cfg = compose(["model=gpt", "data=text", "data.tokenizer=bpe", *net,
+                   f"model.compile={str(compile_net).lower()}"], out)  # fmt: skip
+    return build_model(cfg.model), cfg
+
+
+def hand_written_loop(net, batches, warmup: int, measured: int, bf16: bool) -> float:
+    """nanoGPT's loop on the same net and batches: autocast bf16, fused AdamW with decay on
+    matrices only, zero_grad(set_to_none). Seconds for `measured` steps after `warmup`."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
-    from torch import nn
 
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, d]
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, d // heads).unbind(2)
-            # [B, heads, T, d_head]; the fused kernel (flash/efficient) does the causal softmax
-            att = F.scaled_dot_product_attention(
-                *(z.transpose(1, 2) for z in (q, k, v)), is_causal=True
-            )
-            x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-            return x + self.mlp(self.ln2(x))
-
-    class GPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-            self.blocks = nn.Sequential(*(Block() for _ in range(layers)))
-            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-        def forward(self, idx: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, vocab]
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-            return self.head(self.ln(self.blocks(x)))
-
-    class LM(L.LightningModule):
-        def __init__(self, compile_net: bool) -> None:
-            super().__init__()
-            self.net = GPT()
-            if compile_net:
-                self.net.compile()  # the net, not the LightningModule (self.log must stay eager)
-
-        def training_step(self, batch, batch_idx):
-            idx, target = batch
-            logits = self.net(idx)
-            return F.cross_entropy(logits.flatten(0, 1), target.flatten())
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=3e-4, fused=torch.cuda.is_available())
-
-    return LM
+    params = list(net.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    fused = torch.cuda.is_available()
+    optimizer = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=fused)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    amp = torch.autocast(device, torch.bfloat16) if bf16 else contextlib.nullcontext()
+    net.train()
+    start = 0.0
+    for step in range(warmup + measured):
+        if step == warmup:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+        x, y = batches[step % len(batches)]
+        with amp:
+            logits = net(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def bench_transformer(out: Path, smoke: bool, device: str) -> dict[str, Any]:
@@ -240,53 +236,53 @@ def bench_transformer(out: Path, smoke: bool, device: str) -> dict[str, Any]:
 
     from fasttrain.callbacks.perf import dense_peak_tflops
 
-    vocab, d, layers, heads, seq, batch = (
-        (256, 64, 2, 4, 32, 4) if smoke else (32768, 768, 12, 12, 1024, 32)
-    )
-    warmup, measured = (1, 2) if smoke else (15, 40)
+    warmup, measured, batch = (1, 2, 4) if smoke else (15, 40, 16)
     torch.manual_seed(0)
-    model = gpt_module(vocab, d, layers, heads, seq)(compile_net=not smoke)
-    n_params = sum(
-        p.numel() for n, p in model.named_parameters() if not n.startswith(("net.tok", "net.pos"))
-    )
-    # Training FLOPs per token (PaLM, appendix B): 6 per non-embedding weight (fwd + bwd matmuls)
-    # plus the attention scores and weighted sum, 12 * layers * d * seq; causal masking skipped.
-    flops_per_token = 6 * n_params + 12 * layers * d * seq
+    model, cfg = lm_model(out, smoke, compile_net=not smoke)
+    net = model.net
+    vocab, seq = int(cfg.data.vocab_size), int(cfg.data.block_size)
+    flops_per_token = net.flops_per_token(seq)  # the formula PerfMonitor's perf/mfu uses
     gen = torch.Generator().manual_seed(0)
     batches = []
     for _ in range(4):
         tokens = torch.randint(0, vocab, (batch, seq + 1), generator=gen).to(device)
         batches.append((tokens[:, :-1], tokens[:, 1:]))
+    torch.manual_seed(0)  # the hand-written loop's net: the same weights, compiled the same way
+    plain = lm_model(out, smoke, compile_net=not smoke)[0].net
     trainer_cfg = OmegaConf.create(
         {
-            "_target_": "lightning.pytorch.Trainer",
+            "_target_": "fasttrain.assemble.Trainer",
             "accelerator": "gpu" if device == "cuda" else "cpu",
             "devices": 1,
         }
     )
     precision = "bf16-mixed"
     seconds = fit_window(model, batches, warmup, measured, trainer_cfg, precision)
+    hand_seconds = hand_written_loop(plain.to(device), batches, warmup, measured, bf16=True)
     tokens_per_s = batch * seq * measured / seconds
+    hand_tokens_per_s = batch * seq * measured / hand_seconds
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     peak = dense_peak_tflops(name, "bf16")
     mfu = tokens_per_s * flops_per_token / (peak * 1e12) if peak else None
-    print(f"transformer: {tokens_per_s:,.0f} tokens/s, MFU {mfu if mfu is None else f'{mfu:.1%}'}")
+    hand_mfu = hand_tokens_per_s * flops_per_token / (peak * 1e12) if peak else None
+    print(f"transformer: {tokens_per_s:,.0f} tokens/s ({tokens_per_s / hand_tokens_per_s:.3f} "
+          f"of the hand-written loop's {hand_tokens_per_s:,.0f}), MFU "
+          f"{mfu if mfu is None else f'{mfu:.1%}'}")  # fmt: skip
+    shape = {k: int(net.hparams[k]) for k in ("vocab_size", "block_size", "n_layer", "n_head",
+                                              "n_embd")}  # fmt: skip
     return {
-        "shape": {
-            "vocab": vocab,
-            "d_model": d,
-            "layers": layers,
-            "heads": heads,
-            "seq": seq,
-            "batch": batch,
-        },
-        "params_non_embedding": n_params,
+        "shape": {**shape, "batch": batch},
+        "params_non_embedding": net.num_params() - net.wte.weight.numel(),
+        "params": net.num_params(embeddings=True),
         "precision": precision,
         "compile": not smoke,
         "tokens_per_s": tokens_per_s,
+        "hand_written_tokens_per_s": hand_tokens_per_s,
+        "ratio_vs_hand_written": tokens_per_s / hand_tokens_per_s,
         "flops_per_token": flops_per_token,
         "peak_tflops_bf16_dense": peak,
         "mfu": mfu,
+        "hand_written_mfu": hand_mfu,
     }
 
 
@@ -420,9 +416,10 @@ def markdown(results: dict[str, Any]) -> str:
         t = results["transformer"]
         mfu = "n/a (device not in the peak table)" if t["mfu"] is None else f"**{t['mfu']:.1%}**"
         lines += [
-            f"GPT-style decoder {t['shape']}, {t['params_non_embedding'] / 1e6:.0f} M non-embedding"
-            f" params, bf16-mixed + compile: {t['tokens_per_s']:,.0f} tokens/s, MFU {mfu} "
-            f"(target >= 45%)",
+            f"model=gpt model/net=gpt2_small {t['shape']}, {t['params'] / 1e6:.0f} M params, "
+            f"bf16-mixed + compile: {t['tokens_per_s']:,.0f} tokens/s, "
+            f"**{t['ratio_vs_hand_written']:.3f}x** a hand-written loop's "
+            f"{t['hand_written_tokens_per_s']:,.0f} (target >= 0.95), MFU {mfu} (target >= 45%)",
             "",
         ]
     if "recipe" in results:

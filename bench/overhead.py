@@ -292,8 +292,9 @@ def compose_default(case: dict, steps: int, out: Path, with_perf: bool, drop: st
         corpus = out / "corpus.txt"
         corpus.parent.mkdir(parents=True, exist_ok=True)
         corpus.write_text("def f(x):\n    return x\n" * 2000)
-        overrides += ["model=gpt", "data=text", f"data.path={corpus}",
-                      f"data.block_size={case['block_size']}", "model.weight_decay=0.01"]  # fmt: skip
+        block = f"data.block_size={case['block_size']}"
+        overrides += ["model=gpt", "data=text", f"data.path={corpus}", block,
+                      "model.weight_decay=0.01"]  # fmt: skip
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     if not with_perf:

@@ -2,8 +2,8 @@
 (the default corpus: the running Python's standard library sources) after a fixed CPU budget,
 next to gzip -9, xz -9 and the bigram model on the same test split.
 
-    python bench/text_bpb.py                 # 6 epochs (768 steps), writes bench/results/text_bpb.json
-    python bench/text_bpb.py --epochs 1      # a quick look
+    python bench/text_bpb.py             # 6 epochs (768 steps): bench/results/text_bpb.json
+    python bench/text_bpb.py --epochs 1  # a quick look
 
 The run is `python train.py model=gpt data=text trainer.max_epochs=N` as a user types it; its
 test/bpb is the best checkpoint's on the test split (fixed windows, fasttrain.data.text).

@@ -24,6 +24,8 @@ SMALL = ["model=gpt", "data=text", "data.block_size=32", "data.batch_size=8",
          "data.num_workers=0"]  # fmt: skip
 
 
+# 20 steps without warm-up at a high lr: a small corpus of 11 words is learned well below ln 256
+LEARNS = ["data.windows_per_epoch=160", "model.scheduler.warmup_steps=0", "model.optimizer.lr=0.01"]
 HALF = {"val_fraction": 0.2, "test_fraction": 0.2}  # a small corpus: every split gets files
 
 
@@ -332,3 +334,69 @@ def test_the_tiny_gpt_beats_the_bigram_model_on_the_default_corpus(tmp_path: Pat
     bigram = bigram_bits_per_byte(split["train"], split["test"])
     assert 3.0 < bigram < 4.5  # the baseline is what it should be for source code
     assert metrics["metrics"]["test/bpb"] < bigram, (metrics["metrics"]["test/bpb"], bigram)
+
+
+def test_fsdp_shards_each_block_and_checkpoints_them_when_asked() -> None:
+    from fasttrain.assemble import fsdp_wrapping
+    from fasttrain.models.nets.gpt import Block
+
+    net = GPT(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=16,
+              activation_checkpointing=True)  # fmt: skip
+    model = LanguageModel(net, None, vocab_size=64)
+    strategy = fsdp_wrapping("fsdp", model)["strategy"]
+    wrapped = strategy.kwargs["auto_wrap_policy"]._run_policy(net, set(), {})
+    assert list(wrapped) == list(net.blocks)  # every block its own unit, nothing else
+    assert strategy._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {Block}
+    assert fsdp_wrapping("ddp", model) == {}  # other strategies: as configured
+
+
+def test_windows_on_the_device_are_the_host_windows(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    batches = []
+    for on_device in (False, True):
+        dm = TextDataModule(str(corpus), block_size=16, batch_size=4, windows_per_epoch=12,
+                            cache_dir=str(tmp_path / "cache"), on_device=on_device,
+                            **HALF)  # fmt: skip
+        batches.append([b for b in dm.train_dataloader()] + [b for b in dm.val_dataloader()])
+    assert len(batches[0]) == len(batches[1]) > 3
+    for (x0, y0), (x1, y1) in zip(*batches, strict=True):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+
+
+def test_a_loader_resumed_mid_epoch_serves_the_windows_it_had_left(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    dm = TextDataModule(str(corpus), block_size=16, batch_size=4, windows_per_epoch=40,
+                        cache_dir=str(tmp_path / "cache"), **HALF)  # fmt: skip
+    whole = [x for x, _ in dm.train_dataloader()]
+    loader = dm.train_dataloader()
+    served = iter(loader)
+    for _ in range(4):
+        next(served)
+    state = loader.state_dict()  # what Lightning stores in a mid-epoch checkpoint
+    resumed = dm.train_dataloader()
+    resumed.load_state_dict(state)
+    rest = [x for x, _ in resumed]
+    assert len(rest) == len(whole) - 4
+    assert all(torch.equal(a, b) for a, b in zip(rest, whole[4:], strict=True))
+
+
+def test_bf16_mixed_trains_the_language_model(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    bf16 = "trainer.precision=bf16-mixed"
+    proc = run_cli(["train.py", *SMALL, *LEARNS, f"data.path={corpus}", bf16,
+                    f"data.cache_dir={tmp_path}/cache", "run_name=bf16"], tmp_path / "logs",
+                   timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "logs" / "train" / "bf16" / "metrics.json").read_text())
+    assert metrics["metrics"]["test/loss"] < 3.5  # from ln 256 = 5.55: it learned
+
+
+@pytest.mark.slow  # torch.compile on a CPU: ~1 min of compiling
+def test_compiled_language_model_trains(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    proc = run_cli(["train.py", *SMALL, *LEARNS, f"data.path={corpus}", "model.compile=true",
+                    f"data.cache_dir={tmp_path}/cache", "run_name=compiled"], tmp_path / "logs",
+                   timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "logs" / "train" / "compiled" / "metrics.json").read_text())
+    assert metrics["metrics"]["test/loss"] < 3.5  # from ln 256 = 5.55: it learned

@@ -115,9 +115,25 @@ def build_run(
     for logger in loggers:  # TensorBoard's layout: the task's own charts (fasttrain.models.task)
         if hasattr(logger, "task_charts"):
             logger.task_charts = dict(getattr(model, "charts", {}))
+    extra = fsdp_wrapping(cfg.trainer.get("strategy"), model)
     trainer = build(cfg.trainer, "trainer", callbacks=every, logger=loggers or False,
-                    plugins=[AtomicCheckpointIO()])  # fmt: skip
+                    plugins=[AtomicCheckpointIO()], **extra)  # fmt: skip
     return trainer, model, datamodule
+
+
+def fsdp_wrapping(strategy: Any, model: Any) -> dict[str, Any]:
+    """trainer.strategy=fsdp (trainer=fsdp) on a net that names its repeated blocks
+    (`wrap_units`, e.g. GPT's Block): an FSDPStrategy that shards each block as its own unit
+    (and recomputes each under model.net.activation_checkpointing=true). Lightning's plain
+    "fsdp" wraps only the root: the whole model's parameters would be gathered at once."""
+    units = getattr(getattr(model, "net", None), "wrap_units", None)
+    if strategy != "fsdp" or not units:
+        return {}
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    checkpointed = set(units) if getattr(model.net, "activation_checkpointing", False) else None
+    fsdp = FSDPStrategy(auto_wrap_policy=set(units), activation_checkpointing_policy=checkpointed)
+    return {"strategy": fsdp}
 
 
 def restore(cfg: DictConfig) -> tuple[Any, Any]:

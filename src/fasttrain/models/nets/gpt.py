@@ -118,6 +118,9 @@ class GPT(HyperparametersMixin, nn.Module):
             instead of keeping them: less memory for about a third more compute.
     """
 
+    # trainer=fsdp shards each block as its own unit (fasttrain.assemble.fsdp_wrapping)
+    wrap_units: tuple[type[nn.Module], ...] = (Block,)
+
     def __init__(
         self,
         vocab_size: int,
@@ -158,8 +161,9 @@ class GPT(HyperparametersMixin, nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self._embed(idx)
+        # Under FSDP the strategy checkpoints each wrapped block itself (wrap_units).
         for block in self.blocks:
-            if self.activation_checkpointing and self.training:
+            if self.activation_checkpointing and self.training and not _fsdp_checkpointed(block):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
@@ -193,6 +197,12 @@ class GPT(HyperparametersMixin, nn.Module):
         t = self.block_size if context is None else context
         n_embd = int(self.hparams["n_embd"])
         return 6 * self.num_params() + 12 * self.n_layer * t * n_embd
+
+
+def _fsdp_checkpointed(block: nn.Module) -> bool:
+    """Whether the strategy already wrapped `block` for activation checkpointing."""
+    wrapped = type(block).__name__ == "CheckpointWrapper"
+    return wrapped or hasattr(block, "_checkpoint_wrapped_module")
 
 
 def _check_sizes(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,

@@ -184,11 +184,16 @@ class SyncDebugOnQuietSteps(L.Callback):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("on_device", [False, True], ids=["host_data", "data_on_device"])
-def test_no_sync_on_cuda_steps_that_do_not_log(on_device: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("on_device", "extra"), [(False, ()), (True, ()), (False, LM), (True, LM)],
+    ids=["host_data", "data_on_device", "lm_host_data", "lm_data_on_device"],
+)  # fmt: skip
+def test_no_sync_on_cuda_steps_that_do_not_log(
+    on_device: bool, extra: tuple[str, ...], tmp_path: Path
+) -> None:
     cfg = compose_train(
         tmp_path, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.max_epochs=1",
-        "data.batch_size=16", "test=false", f"data.on_device={str(on_device).lower()}",
+        "data.batch_size=16", "test=false", f"data.on_device={str(on_device).lower()}", *extra,
         quick=False,
     )  # fmt: skip
     watch = SyncDebugOnQuietSteps(first=3)

@@ -400,3 +400,31 @@ def test_compiled_language_model_trains(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "logs" / "train" / "compiled" / "metrics.json").read_text())
     assert metrics["metrics"]["test/loss"] < 3.5  # from ln 256 = 5.55: it learned
+
+
+def test_activation_checkpointing_gives_the_same_gradients() -> None:
+    torch.manual_seed(0)
+    plain = GPT(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+    recomputed = GPT(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=16,
+                     activation_checkpointing=True)  # fmt: skip
+    recomputed.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 40, (3, 16))
+    for net in (plain, recomputed):
+        net.train()
+        net(idx).square().mean().backward()
+    for a, b in zip(plain.parameters(), recomputed.parameters(), strict=True):
+        assert a.grad is not None and torch.allclose(a.grad, b.grad, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpt_trains_on_cuda_in_bf16_with_windows_on_the_device(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    proc = run_cli(["train.py", *SMALL, *LEARNS, f"data.path={corpus}", "trainer=gpu",
+                    "trainer.precision=bf16-mixed", "data.on_device=true", "model.compile=true",
+                    f"data.cache_dir={tmp_path}/cache", "run_name=cuda"], tmp_path / "logs",
+                   timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "logs" / "train" / "cuda"
+    assert json.loads((run / "metrics.json").read_text())["metrics"]["test/loss"] < 3.5
+    assert json.loads((run / "perf_summary.json").read_text())["tokens_per_sec"] > 0

@@ -204,8 +204,10 @@ class TokenWindows:
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         starts = self.window_starts(indices)
         if isinstance(self.tokens, torch.Tensor):  # on the device: the starts cross, not tokens
-            index = torch.from_numpy(starts[:, None] + self.offsets).to(self.tokens.device)
-            windows = self.tokens[index].long()
+            index = torch.from_numpy(starts[:, None] + self.offsets)
+            if self.tokens.device.type == "cuda":  # pinned: an async copy, no host sync
+                index = index.pin_memory()
+            windows = self.tokens[index.to(self.tokens.device, non_blocking=True)].long()
         else:
             windows = torch.from_numpy(self.tokens[starts[:, None] + self.offsets].astype(np.int64))
         return windows[:, :-1], windows[:, 1:]

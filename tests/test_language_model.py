@@ -13,7 +13,7 @@ import torch
 
 from conftest import run_cli
 from fasttrain.config.errors import UserError
-from fasttrain.data.text import TextDataModule, TokenWindows, split_documents
+from fasttrain.data.text import TextDataModule, TokenWindows, corpus_files, split_documents
 from fasttrain.models.language_model import LanguageModel
 from fasttrain.models.nets.gpt import GPT
 
@@ -124,6 +124,14 @@ def test_a_prepare_killed_mid_write_leaves_nothing(tmp_path: Path, monkeypatch) 
     with pytest.raises(KeyboardInterrupt):
         dm.token_folder()
     assert not any((tmp_path / "cache").iterdir())
+    monkeypatch.undo()
+    # A SIGKILL leaves the temporary folder (no finally runs): the next writer removes it.
+    key = dm.cache_key(*corpus_files(str(corpus)), None)
+    stale = tmp_path / "cache" / f".{key}.999999999.tmp"
+    stale.mkdir()
+    (stale / "train.bin").write_bytes(b"half")
+    folder = dm.token_folder()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]
 
 
 def test_bpe_is_trained_on_the_training_split_and_round_trips(tmp_path: Path) -> None:

@@ -454,6 +454,7 @@ def _write_folder(folder: Path, encoded: dict[str, np.ndarray], dtype: np.dtype,
     """Write the memmaps, meta.json and tokenizer.json under a temporary name, then rename the
     folder whole (see the module doc)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(folder)
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -474,6 +475,24 @@ def _write_folder(folder: Path, encoded: dict[str, np.ndarray], dtype: np.dtype,
         + ", ".join(f"{s} {v['tokens']:,} tokens" for s, v in meta["splits"].items())
         + ")"
     )
+
+
+def _remove_stale(folder: Path) -> None:
+    """Temporary folders of this key left by a writer that was killed (its process is gone)."""
+    for tmp in folder.parent.glob(f".{folder.name}.*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _check_args(tokenizer: str, vocab_size: int, block_size: int, batch_size: int,

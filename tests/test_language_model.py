@@ -436,3 +436,15 @@ def test_gpt_trains_on_cuda_in_bf16_with_windows_on_the_device(tmp_path: Path) -
     run = tmp_path / "logs" / "train" / "cuda"
     assert json.loads((run / "metrics.json").read_text())["metrics"]["test/loss"] < 3.5
     assert json.loads((run / "perf_summary.json").read_text())["tokens_per_sec"] > 0
+
+
+def test_evaluate_reads_the_memmaps_the_run_wrote(trained_lm: tuple[Path, Path]) -> None:
+    root, ckpt = trained_lm
+    before = sorted(p.name for p in (root / "cache").iterdir())
+    proc = run_cli(["-m", "fasttrain.evaluate", f"ckpt_path={ckpt}", "run_name=ev"],
+                   root / "logs", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in (root / "cache").iterdir()) == before  # nothing tokenized again
+    record = json.loads((root / "logs" / "eval" / "ev" / "metrics.json").read_text())
+    trained = json.loads((root / "logs" / "train" / "lm" / "metrics.json").read_text())
+    assert record["metrics"]["test/bpb"] == pytest.approx(trained["metrics"]["test/bpb"], rel=1e-5)

@@ -338,6 +338,12 @@ class TextDataModule(L.LightningDataModule):
         folder = self.cache_dir / self.cache_key(root, files, given)
         if (folder / "meta.json").is_file():
             return folder
+        # The folder the training run wrote when it made this very tokenizer (a checkpoint's,
+        # or another run's file): its tokens are the same.
+        trained = self.cache_dir / self.cache_key(root, files, None)
+        made = trained / "tokenizer.json"
+        if given is not None and (trained / "meta.json").is_file() and made.read_text() == given:
+            return trained
         documents = read_documents(root, files, self.path)
         splits = split_documents(documents, self.val_fraction, self.test_fraction, self.seed)
         for split, docs in splits.items():

@@ -280,15 +280,15 @@ def test_sigkill_mid_epoch_with_augmentation_resumes_bit_exact(
     assert not differ, f"not bit-identical: {differ[:5]}"
 
 
-@pytest.mark.slow  # one process, ~8 s: CI runs it in make test-slow
-def test_printing_a_config_needs_no_data(tmp_path: Path) -> None:
-    args = [
-        "train.py",
-        "--cfg",
-        "job",
-        "experiment=cifar10_resnet18",
-        f"paths.data_dir={tmp_path}/none",
-    ]
+@pytest.mark.slow  # one process each, ~8 s: CI runs it in make test-slow
+@pytest.mark.parametrize(
+    ("choice", "printed"),
+    [("experiment=cifar10_resnet18", "Cifar10DataModule"),
+     # its class count is a resolver that reads the folder: left unresolved when printed
+     ("data=image_folder", "num_classes: ${class_count:")],
+)  # fmt: skip
+def test_printing_a_config_needs_no_data(choice: str, printed: str, tmp_path: Path) -> None:
+    args = ["train.py", "--cfg", "job", choice, f"paths.data_dir={tmp_path}/none"]
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Cifar10DataModule" in proc.stdout and not (tmp_path / "none").exists()
+    assert printed in proc.stdout and not (tmp_path / "none").exists()

@@ -74,7 +74,10 @@ def check_command_line(config_name: str, argv: list[str]) -> Checked:
     sweeps = [o for o in parsed if o.is_sweep_override()]
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     first = [*fixed, *(f"{o.get_key_element()}={_values(o)[0]}" for o in sweeps if _values(o))]
-    cfg = _check_job(config_name, first, overrides, multirun=bool(flags.multirun or sweeps))
+    # --cfg prints the composed config: values are not resolved or checked (a resolver may read
+    # the data, e.g. an image folder's class count), only the composition is.
+    cfg = _check_job(config_name, first, overrides, multirun=bool(flags.multirun or sweeps),
+                     values=flags.cfg is None)  # fmt: skip
     mode = OmegaConf.select(cfg, "hydra.mode", default=None)
     multirun = bool(flags.multirun) or (str(mode).endswith("MULTIRUN") and not flags.run)
     if sweeps and not multirun:
@@ -127,8 +130,9 @@ def _parse(overrides: list[str]) -> list[Any]:
         raise UserError(_bad_syntax(overrides) or _first_line(err)) from None
 
 
-def _check_job(config_name: str, overrides: list[str], argv: list[str], multirun: bool) -> Any:
-    """The composed config of one job (hydra node included), validated."""
+def _check_job(config_name: str, overrides: list[str], argv: list[str], multirun: bool,
+               values: bool = True) -> Any:  # fmt: skip
+    """The composed config of one job (hydra node included), validated (its `values` too)."""
     from hydra.errors import HydraException
 
     try:
@@ -136,6 +140,8 @@ def _check_job(config_name: str, overrides: list[str], argv: list[str], multirun
     except HydraException as err:
         raise UserError(explain(err, config_name, argv)) from None
     _as_in_a_run(cfg, multirun)
+    if not values:
+        return cfg
     from fasttrain.config.schema import validate
 
     validate(_without_hydra(cfg), entry=config_name)

@@ -223,8 +223,11 @@ def trained_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_a_short_run_logs_bpb_tokens_per_sec_and_mfu(trained_lm: tuple[Path, Path]) -> None:
-    root, _ = trained_lm
+    root, ckpt = trained_lm
     run = root / "logs" / "train" / "lm"
+    # The run folder keeps the tokenizer the checkpoint holds (for data.tokenizer_file=).
+    record = torch.load(ckpt, weights_only=True)["tokenizer"]
+    assert (run / "tokenizer.json").read_text() == record
     metrics = json.loads((run / "metrics.json").read_text())["metrics"]
     # bytes: one token a byte, so bits per byte are nats per token / ln 2
     assert metrics["test/bpb"] == pytest.approx(metrics["test/loss"] / np.log(2), rel=1e-5)
@@ -448,3 +451,28 @@ def test_evaluate_reads_the_memmaps_the_run_wrote(trained_lm: tuple[Path, Path])
     record = json.loads((root / "logs" / "eval" / "ev" / "metrics.json").read_text())
     trained = json.loads((root / "logs" / "train" / "lm" / "metrics.json").read_text())
     assert record["metrics"]["test/bpb"] == pytest.approx(trained["metrics"]["test/bpb"], rel=1e-5)
+
+
+def test_prepare_writes_the_memmaps_training_then_reads(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    cache = f"data.cache_dir={tmp_path}/cache"
+    data = [f"data.path={corpus}", "data.val_fraction=0.2", "data.test_fraction=0.2",
+            "data.block_size=32"]  # fmt: skip
+    proc = run_cli(["-m", "fasttrain.prepare", "data=text", cache, *data], tmp_path / "logs")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (folder,) = (tmp_path / "cache").iterdir()
+    stamp = (folder / "train.bin").stat().st_mtime_ns
+    proc = run_cli(["train.py", *SMALL, cache, *data, "run_name=p"], tmp_path / "logs")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]
+    assert (folder / "train.bin").stat().st_mtime_ns == stamp  # read, not written again
+
+
+def test_a_python_without_its_sources_says_to_set_data_path(tmp_path: Path, monkeypatch) -> None:
+    import sysconfig
+
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    with pytest.raises(
+        UserError, match="standard library sources are not installed .* set data.path"
+    ):
+        TextDataModule(cache_dir=str(tmp_path / "cache")).token_folder()

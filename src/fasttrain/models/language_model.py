@@ -173,6 +173,14 @@ class LanguageModel(Task):
             )
         self.tokenizer_json = record
 
+    def on_fit_start(self) -> None:
+        # The run folder keeps the tokenizer beside the checkpoints (data.tokenizer_file= takes
+        # it for another run); the checkpoints keep it too.
+        if self.tokenizer_json is not None and self.trainer.is_global_zero:
+            folder = Path(self.trainer.default_root_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "tokenizer.json").write_text(self.tokenizer_json)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         if self.tokenizer_json is not None:

@@ -472,7 +472,6 @@ def test_a_python_without_its_sources_says_to_set_data_path(tmp_path: Path, monk
     import sysconfig
 
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
-    with pytest.raises(
-        UserError, match="standard library sources are not installed .* set data.path"
-    ):
+    message = r"standard library sources are not installed .* set data\.path"
+    with pytest.raises(UserError, match=message):
         TextDataModule(cache_dir=str(tmp_path / "cache")).token_folder()

@@ -391,26 +391,29 @@ def test_a_loader_resumed_mid_epoch_serves_the_windows_it_had_left(tmp_path: Pat
     assert all(torch.equal(a, b) for a, b in zip(rest, whole[4:], strict=True))
 
 
-def test_bf16_mixed_trains_the_language_model(tmp_path: Path) -> None:
+def learning_run(tmp_path: Path, name: str, *overrides: str) -> Path:
+    """The run folder of 20 learning steps (LEARNS) on a small corpus with `overrides`."""
     corpus = write_corpus(tmp_path / "corpus")
-    bf16 = "trainer.precision=bf16-mixed"
-    proc = run_cli(["train.py", *SMALL, *LEARNS, f"data.path={corpus}", bf16,
-                    f"data.cache_dir={tmp_path}/cache", "run_name=bf16"], tmp_path / "logs",
-                   timeout=600)  # fmt: skip
+    proc = run_cli(["train.py", *SMALL, *LEARNS, f"data.path={corpus}", *overrides,
+                    f"data.cache_dir={tmp_path}/cache", f"run_name={name}"], tmp_path / "logs",
+                   timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads((tmp_path / "logs" / "train" / "bf16" / "metrics.json").read_text())
-    assert metrics["metrics"]["test/loss"] < 3.5  # from ln 256 = 5.55: it learned
+    return tmp_path / "logs" / "train" / name
+
+
+def final_test_loss(run: Path) -> float:
+    return json.loads((run / "metrics.json").read_text())["metrics"]["test/loss"]
+
+
+def test_bf16_mixed_trains_the_language_model(tmp_path: Path) -> None:
+    run = learning_run(tmp_path, "bf16", "trainer.precision=bf16-mixed")
+    assert final_test_loss(run) < 3.5  # from ln 256 = 5.55: it learned
 
 
 @pytest.mark.slow  # torch.compile on a CPU: ~1 min of compiling
 def test_compiled_language_model_trains(tmp_path: Path) -> None:
-    corpus = write_corpus(tmp_path / "corpus")
-    proc = run_cli(["train.py", *SMALL, *LEARNS, f"data.path={corpus}", "model.compile=true",
-                    f"data.cache_dir={tmp_path}/cache", "run_name=compiled"], tmp_path / "logs",
-                   timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads((tmp_path / "logs" / "train" / "compiled" / "metrics.json").read_text())
-    assert metrics["metrics"]["test/loss"] < 3.5  # from ln 256 = 5.55: it learned
+    run = learning_run(tmp_path, "compiled", "model.compile=true")
+    assert final_test_loss(run) < 3.5  # from ln 256 = 5.55: it learned
 
 
 def test_activation_checkpointing_gives_the_same_gradients() -> None:
@@ -478,13 +481,8 @@ def test_a_python_without_its_sources_says_to_set_data_path(tmp_path: Path, monk
 
 
 def test_ema_averages_the_language_model(tmp_path: Path) -> None:
-    corpus = write_corpus(tmp_path / "corpus")
-    proc = run_cli(["train.py", *SMALL, *LEARNS, f"data.path={corpus}", "callbacks/averaging=ema",
-                    f"data.cache_dir={tmp_path}/cache", "run_name=ema"], tmp_path / "logs",
-                   timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "logs" / "train" / "ema"
+    run = learning_run(tmp_path, "ema", "callbacks/averaging=ema")
     # Tested with the averaged weights: after 20 steps of a 0.999 average, still near the start.
-    assert np.isfinite(json.loads((run / "metrics.json").read_text())["metrics"]["test/loss"])
+    assert np.isfinite(final_test_loss(run))
     ckpt = torch.load(next((run / "checkpoints").glob("epoch*.ckpt")), weights_only=True)
     assert any("ema" in key.lower() for key in ckpt.get("callbacks", {})), list(ckpt)

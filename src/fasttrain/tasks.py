@@ -92,21 +92,23 @@ def export(cfg: Any) -> dict[str, Any]:
     # Every file takes raw inputs: the data module's preprocessing is its first layer, and the
     # checks feed it the test split as raw inputs.
     own = model.export_module()  # a task's own file contents (token ids in), else raw inputs
+    mean, std = input_statistics(datamodule, model)
     if own is not None:
         deployed, metadata = own
-        checked: Any = datamodule.test_dataloader()
     else:
-        mean, std = input_statistics(datamodule, model)
         deployed = with_preprocessing(model.net, mean, std, model.output_layer())
         metadata = describe(mean, std, datamodule.input_shape)
-        checked = raw_batches(datamodule.test_dataloader(), mean, std, model)
-    x = next(iter(checked))[0]
-    checked = checked if own is not None else raw_batches(
-        datamodule.test_dataloader(), mean, std, model)  # fmt: skip
+
+    def checked() -> Any:
+        """The test split as the file takes it: the task's own inputs, or raw ones."""
+        batches = datamodule.test_dataloader()
+        return batches if own is not None else raw_batches(batches, mean, std, model)
+
+    x = next(iter(checked()))[0]
     example = x[torch.arange(max(2, len(x))) % len(x)]  # torch.export needs a batch of >= 2
     out_dir = Path(cfg.output_dir) if cfg.output_dir else run_dir_of(cfg.ckpt_path) / "export"
     result = export_and_verify(
-        deployed, model, exporters, example, checked, out_dir, device, tolerance,
+        deployed, model, exporters, example, checked(), out_dir, device, tolerance,
         float(cfg.latency_time), source=str(cfg.ckpt_path), metadata=metadata,
     )  # fmt: skip
     missed = failures(result)

@@ -18,12 +18,24 @@ def _die(*_: Any) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _term_then(replace: Any) -> Any:
+    def replace_once(*args: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.replace = replace
+        replace(*args)
+
+    return replace_once
+
+
 class Killer(Callback):
     """At optimizer step `at_step` (on rank `rank`, or every rank if null):
     - "step": SIGKILL at the end of the step;
     - "save": SIGKILL during the next checkpoint save, after its temp file is written and
       before it replaces the old file;
     - "term": SIGTERM, what a scheduler sends before it kills;
+    - "term_in_save": SIGTERM while the next checkpoint save writes (after fasttrain's own
+      end-of-batch check for one: the signal lands where only Lightning sees it);
+    - "term_in_val": SIGTERM during the first validation batch at that step;
     - "raise": raise an exception (a crash of this rank);
     - "nan_grad": put a NaN into the first gradient of that step.
     """
@@ -31,7 +43,9 @@ class Killer(Callback):
     def __init__(
         self,
         at_step: int,
-        mode: Literal["step", "save", "term", "raise", "nan_grad"] = "step",
+        mode: Literal[
+            "step", "save", "term", "term_in_save", "term_in_val", "raise", "nan_grad"
+        ] = "step",
         rank: int | None = None,
     ) -> None:
         self.at_step, self.mode, self.rank = at_step, mode, rank
@@ -47,11 +61,18 @@ class Killer(Callback):
                     float("nan")
                 )
 
+    def on_validation_batch_start(self, trainer: Any, *args: Any) -> None:
+        if self.mode == "term_in_val" and not trainer.sanity_checking and self._due(trainer):
+            self.mode = "done"  # type: ignore[assignment]
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         if not self._due(trainer):
             return
         if self.mode == "save":
             os.replace = _die  # the atomic save's last act; ModelCheckpoint saves right after
+        elif self.mode == "term_in_save":
+            os.replace = _term_then(os.replace)
         elif self.mode == "term":
             os.kill(os.getpid(), signal.SIGTERM)
         elif self.mode == "raise":

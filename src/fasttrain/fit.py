@@ -119,7 +119,7 @@ def fit_once(trainer: Any, model: L.LightningModule, datamodule: Any,
     except SIGTERMException:
         signum = signal.SIGINT if ctrl_c else signal.SIGTERM
         state = next((c for c in trainer.callbacks if isinstance(c, ResumeState)), None)
-        saved = state.sigterm_checkpoint if state else None
+        saved = state.save_on_stop(trainer) if state else None
         log.warning(stopped(signum, trainer.global_step, saved))  # console and the run's log
         sys.exit(128 + signum)
 

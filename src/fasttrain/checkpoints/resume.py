@@ -314,6 +314,28 @@ class ResumeState(Callback):
         if trainer.received_sigterm and not self.sigterm_checkpoint:
             self.sigterm_checkpoint = _save_last(trainer)
 
+    def save_on_stop(self, trainer: Any) -> str | None:
+        """The checkpoint of a run stopped by SIGTERM/Ctrl-C, wherever Lightning stopped it.
+
+        Mostly saved by on_train_batch_end above. A signal that comes after that hook (while
+        ModelCheckpoint saves the same step, or during validation) stops the run with nothing
+        saved by it: the step's last.ckpt then is ModelCheckpoint's, if it saved this step, or
+        is saved now. Lightning resumes either exactly (its loops count a save after the batch's
+        end as such). Under DDP a rank stopped alone would wait for the others in a save: there
+        only the checkpoint of the hook counts.
+        """
+        if self.sigterm_checkpoint:
+            return self.sigterm_checkpoint
+        callback = _last_saver(trainer)
+        # Without a monitor, a ModelCheckpoint's "best" is the file it saved last.
+        newest = callback.best_model_path if callback is not None else ""
+        at_this_step = newest and callback._last_global_step_saved == trainer.global_step
+        if at_this_step and Path(newest).is_file():
+            return str(newest)
+        if trainer.world_size == 1:
+            self.sigterm_checkpoint = _save_last(trainer)
+        return self.sigterm_checkpoint
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         # With every_n_train_steps, ModelCheckpoint saves no more at epoch ends (Lightning makes
         # the two exclusive): the steps after the last multiple of N would be missing from

@@ -8,8 +8,8 @@ BIN := $(VENV)/bin
 # Re-install only when the project's dependencies change.
 STAMP := $(VENV)/.installed
 # dev tools, and the optional packages whose tests would otherwise skip (ONNX export, notebooks,
-# Optuna sweeps, the SLURM launcher, copier, image decoding and shards, BPE tokenizers)
-EXTRAS ?= dev,export,notebooks,sweep,cluster,template,data,text
+# Optuna sweeps, the SLURM launcher, copier, image decoding and shards, BPE tokenizers, MLflow, W&B)
+EXTRAS ?= dev,export,notebooks,sweep,cluster,template,data,text,mlflow,wandb
 ARGS ?=
 # make tensorboard PORT=6007; make new-project NAME=acme_vision DEST=../acme_vision
 PORT ?= 6006

@@ -35,6 +35,9 @@ NEEDS_PLUGIN = {
     "hydra/launcher/slurm.yaml": "hydra_plugins.hydra_submitit_launcher",
     "data/image_folder.yaml": "PIL",  # the [data] extra
     "data/shards.yaml": "webdataset",
+    "logger/mlflow.yaml": "mlflow",  # the [mlflow] and [wandb] extras
+    "logger/wandb.yaml": "wandb",
+    "logger/many.yaml": "mlflow,wandb",
 }
 # Every selectable file; `_shared/` holds pieces other configs merge in, not options of a group.
 CONFIG_FILES = sorted(
@@ -71,8 +74,9 @@ def write_npy(folder: Path, n: int = 60) -> None:
 
 def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
     """Compose the config a user gets when selecting `rel` (a group option or a primary file)."""
-    if rel in NEEDS_PLUGIN:
-        pytest.importorskip(NEEDS_PLUGIN[rel])
+    for module in NEEDS_PLUGIN.get(rel, "").split(","):
+        if module:
+            pytest.importorskip(module)
     if rel == "data/npy.yaml":  # reads files: write small ones where it looks (paths.data_dir)
         write_npy(tmp_path / "data" / "npy")
     parts = Path(rel).with_suffix("").parts
@@ -203,10 +207,13 @@ def test_config_smoke_runs(rel: str, tmp_path: Path) -> None:
     assert math.isfinite(metrics["test/" + str(monitor).split("/", 1)[1]])
     assert (tmp_path / "run" / "metrics.json").is_file()
     if rel.startswith("logger/") and not rel.endswith("none.yaml"):
-        # TensorBoard's events go into the run folder itself (its name is the run's in the UI).
+        # TensorBoard's events go into the run folder itself (its name is the run's in the UI);
+        # MLflow's database into logs/, shared by the runs.
         stem = Path(rel).stem
-        pattern = {"tensorboard": "events.out.tfevents.*"}.get(stem, f"{stem}/*")
-        assert any((tmp_path / "run").glob(pattern)), "the logger wrote nothing"
+        written = {"tensorboard": ["run/events.out.tfevents.*"], "mlflow": ["logs/mlflow.db"],
+                   "many": ["run/events.out.tfevents.*", "logs/mlflow.db", "run/wandb/*"]}  # fmt: skip
+        for pattern in written.get(stem, [f"run/{stem}/*"]):
+            assert any(tmp_path.glob(pattern)), f"the logger wrote nothing: {pattern}"
 
 
 def test_model_interpolates_data_shape(tmp_path: Path) -> None:

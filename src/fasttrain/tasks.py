@@ -28,12 +28,14 @@ def train(cfg: Any) -> dict[str, float]:
 
     from fasttrain import fit
     from fasttrain.assemble import build_run
-    from fasttrain.callbacks import board
+    from fasttrain.callbacks import board, trackers
     from fasttrain.checkpoints.resume import checkpoint_to_resume
     from fasttrain.distributed.multirun import share_job_with_ranks
 
     trainer, model, datamodule = build_run(cfg)
-    board.start_session(trainer.loggers, *board.session_of(cfg, trainer))
+    hparams, trial = board.session_of(cfg, trainer)
+    board.start_session(trainer.loggers, hparams, trial)
+    trackers.record_start(trainer.loggers, hparams)  # MLflow, W&B
     fit.set_matmul_precision(cfg.get("matmul_precision"))
     ckpt_path = checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)
     if cfg.get("train", True):
@@ -52,9 +54,12 @@ def train(cfg: Any) -> dict[str, float]:
             model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
         )
         metrics.update(results[0] if results else {})
-    board.end_session(trainer.loggers, board.final_values(metrics, trainer), trainer.global_step)
+    final = board.final_values(metrics, trainer)
+    board.end_session(trainer.loggers, final, trainer.global_step)
+    trackers.record_end(trainer.loggers, final, trainer.global_step, best or None)
     report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir,
-           monitor=getattr(model, "monitor", None))  # fmt: skip
+           monitor=getattr(model, "monitor", None),
+           more=trackers.commands(trainer.loggers))  # fmt: skip
     return metrics
 
 
@@ -230,13 +235,15 @@ def check_settings(cfg: Any, entry: str) -> None:
 
 
 def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
-           log_dir: str | None = None, monitor: str | None = None) -> None:  # fmt: skip
+           log_dir: str | None = None, monitor: str | None = None,
+           more: dict[str, str] | None = None) -> None:  # fmt: skip
     """Write metrics.json in the run dir (with the task's `monitor`, the metric the run is
     judged by, for a training run); print the final metrics, where the run went and, for
-    a training run (`log_dir` given), the commands that open it in TensorBoard, evaluate and
-    export its checkpoint, and continue it."""
+    a training run (`log_dir` given), the commands that open it in TensorBoard (and `more`:
+    MLflow, W&B), evaluate and export its checkpoint, and continue it."""
     from lightning.pytorch.utilities import rank_zero_only
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     if getattr(rank_zero_only, "rank", 0) != 0:
@@ -255,12 +262,13 @@ def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
         table.add_row(name, f"{shown[name]:.4f}")
     console = Console(soft_wrap=True)  # long paths stay on one line, easy to copy
     console.print(table)
-    console.print(f"[bold]run dir[/]     {output_dir}")
+    # Paths and commands hold overrides like `tags=[a,b]`: escaped, not read as rich markup.
+    console.print(f"[bold]run dir[/]     {escape(str(output_dir))}")
     if ckpt:
-        console.print(f"[bold]checkpoint[/]  {ckpt}")
+        console.print(f"[bold]checkpoint[/]  {escape(ckpt)}")
     if log_dir:  # a training run: what to do next, each command ready to paste
-        for name, command in next_commands(out, ckpt, log_dir).items():
-            console.print(f"[bold]{name:<11}[/] {command}", markup=True, highlight=False)
+        for name, command in {**(more or {}), **next_commands(out, ckpt, log_dir)}.items():
+            console.print(f"[bold]{name:<11}[/] {escape(command)}", markup=True, highlight=False)
 
 
 def next_commands(run_dir: Path, ckpt: str | None, log_dir: str) -> dict[str, str]:

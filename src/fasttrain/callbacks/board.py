@@ -147,6 +147,8 @@ def compared_hparams(config: Mapping[str, Any], overrides: Sequence[str] = (),
     """
     chosen: dict[str, Any] = dict(extra or {})
     for key, option in _override_keys(overrides):
+        if key in chosen:  # given in `extra` already (the data set's name, the tags)
+            continue
         value = _select(config, key)
         # A group choice (`model/net=mlp`, or `model=mlp` for a top-level group whose node is
         # the composed config): the option's name, not hundreds of characters of config.
@@ -249,6 +251,8 @@ def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from fasttrain.config.settings import run_tags
+
     overrides: list[str] = []
     if HydraConfig.initialized():  # a command line; tests compose configs without one
         hc = HydraConfig.get()
@@ -259,6 +263,9 @@ def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
     choice = HydraConfig.get().runtime.choices.get("data") if HydraConfig.initialized() else None
     if choice:  # the data set by its option's name ("digits"), else by its class
         extra["data"] = choice
+    tags = run_tags(cfg.get("tags"))
+    if tags:  # one column, as typed: tags=[a,b] -> "a,b"
+        extra["tags"] = ",".join(tags)
     if isinstance(batch, int):
         extra["effective_batch_size"] = batch * trainer.accumulate_grad_batches * trainer.world_size
     config = cast(Mapping[str, Any], OmegaConf.to_container(cfg, resolve=True))

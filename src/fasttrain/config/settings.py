@@ -6,6 +6,7 @@ checks a type cannot say. Group nodes (data, model, trainer, ...) are checked on
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -150,6 +151,7 @@ def train(
     test: bool = True,
     resume: str = "auto",
     optimized_metric: str | None = None,
+    tags: Any = None,
     trainer: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
 ) -> None:
@@ -172,6 +174,21 @@ def train(
         raise UserError(f"tuner: unknown key among {keys}; valid: lr_find, batch_size") from None
     if not resume:
         raise ConfigError("resume", resume, "expected never, auto or a checkpoint path")
+    run_tags(tags)
+
+
+# What every tracker takes as a tag: MLflow's tag keys, W&B's 64-character tags.
+TAG = re.compile(r"[\w.\-/ ]{1,64}")
+
+
+def run_tags(tags: Any) -> list[str]:
+    """`tags=[baseline,lr-sweep]` (or one `tags=baseline`) as the list every tracker records."""
+    listed = [tags] if isinstance(tags, str) else list(tags or [])
+    if not all(isinstance(t, str) and TAG.fullmatch(t) for t in listed):
+        expected = ("expected a list of names of letters, digits and _ . - / or space, at most "
+                    "64 characters each: tags=[baseline,sweep1]")  # fmt: skip
+        raise ConfigError("tags", tags, expected)
+    return listed
 
 
 def evaluate(task_name: str, run_name: str, seed: int, ckpt_path: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from torch import nn
 
@@ -171,4 +172,4 @@ def print_report(report: dict[str, Any]) -> None:
     # needs ~90 to show every figure whole.
     console = Console(soft_wrap=True, width=max(Console().width, 100))
     console.print(table)
-    console.print(f"[bold]export dir[/]  {report['output_dir']}")
+    console.print(f"[bold]export dir[/]  {escape(str(report['output_dir']))}")  # not markup

@@ -133,6 +133,7 @@ def show(summary: dict[str, Any], file: Path) -> None:
     """One table per group: the val/ and test/ metrics, mean ± std, then each fold's value; the
     task's own metric first, in bold."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(soft_wrap=True)
@@ -140,7 +141,8 @@ def show(summary: dict[str, Any], file: Path) -> None:
     shared = set.intersection(*(set(g["overrides"]) for g in groups)) if groups else set()
     for group in groups:
         differs = [o for o in group["overrides"] if o not in shared]  # what tells groups apart
-        title = "cross-validation" + (f" ({', '.join(differs)})" if differs else "")
+        # overrides such as `model.net.hidden=[64,32]`: escaped, not read as rich markup
+        title = "cross-validation" + (f" ({escape(', '.join(differs))})" if differs else "")
         table = Table(title=f"{title}: {len(group['folds'])} folds", title_justify="left")
         for column in ("metric", "mean", "std", *(f"fold {f}" for f in group["folds"])):
             table.add_column(column, justify="left" if column == "metric" else "right")
@@ -151,7 +153,7 @@ def show(summary: dict[str, Any], file: Path) -> None:
                 table.add_row(shown, f"{m['mean']:.4f}", std, *(f"{v:.4f}" for v in m["per_fold"]))
         console.print(table)
         if group["missing"]:
-            console.print(f"[bold]not finished[/] {', '.join(group['missing'])}")
+            console.print(f"[bold]not finished[/] {escape(', '.join(group['missing']))}")
         for line in fold_warnings(group):
-            console.print(f"[bold]note[/]        {line}")
-    console.print(f"[bold]summary[/]     {file}")
+            console.print(f"[bold]note[/]        {escape(line)}")
+    console.print(f"[bold]summary[/]     {escape(str(file))}")

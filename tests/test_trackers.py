@@ -1,0 +1,237 @@
+"""logger=mlflow and logger=wandb (fasttrain.callbacks.trackers), read back through each tool's
+own files and client: the run as TensorBoard's HPARAMS session has it (hyperparameters, tags,
+final values), the same steps, the checkpoint, and the commands printed at the end. One run with
+`logger=many`, started as a user types it (no path overrides), shared by the tests."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_reliability_run_sweeps import train
+
+from conftest import session_hparams
+
+pytest.importorskip("mlflow")
+pytest.importorskip("wandb")
+
+ARGS = ["logger=many", "tags=[baseline,t2]", "model=mlp", "trainer.max_epochs=2",
+        "data.num_workers=0", "callbacks.progress_bar=null", "run_name=T"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """(the finished `python train.py logger=many ...`, the folder it was started in)."""
+    where = tmp_path_factory.mktemp("tracked")
+    proc = train(ARGS, where)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, where
+
+
+def run_dir(where: Path) -> Path:
+    return where / "logs" / "train" / "T"
+
+
+def tensorboard_steps(folder: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def recorded(where: Path) -> dict[str, Any]:
+    return json.loads((run_dir(where) / "metrics.json").read_text())
+
+
+def as_text(hparams: dict[str, Any]) -> dict[str, str]:
+    """TensorBoard's typed session values as MLflow keeps params (text; 64 as "64")."""
+    integral = {k: int(v) for k, v in hparams.items() if isinstance(v, float) and v.is_integer()}
+    return {k: str(v) for k, v in (hparams | integral).items()}
+
+
+# ---- MLflow -----------------------------------------------------------------------------------
+def mlflow_run(where: Path) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{where}/logs/mlflow.db")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "train"]
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return client, runs[0]
+
+
+def test_mlflow_keeps_the_run_as_tensorboard_does(tracked) -> None:
+    _, where = tracked
+    client, run = mlflow_run(where)
+    assert run.info.run_name == "T" and run.info.status == "FINISHED"
+    # the same chosen hyperparameters as TensorBoard's HPARAMS session (tags among them)
+    assert run.data.params == as_text(session_hparams(run_dir(where)))
+    assert run.data.params["tags"] == "baseline,t2" and run.data.params["model"] == "mlp"
+    assert {"baseline", "t2"} <= set(run.data.tags)
+    record = recorded(where)
+    assert run.data.tags["checkpoint"] == str(Path(record["checkpoint"]).absolute())
+    final = {k.removeprefix("final/"): v for k, v in run.data.metrics.items() if "final/" in k}
+    assert final["test/acc"] == pytest.approx(record["metrics"]["test/acc"])
+    assert final["val/acc_best"] == pytest.approx(record["metrics"]["val/acc_best"])
+    assert "perf/samples_per_sec" in final and not any("grad_norm" in k for k in final)
+    # one step convention: x = optimizer steps completed, as in TensorBoard
+    for tag in ("val/acc", "train/loss_step", "lr"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, tag)]
+        assert steps == tensorboard_steps(run_dir(where), tag), tag
+    assert "epoch" not in run.data.metrics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow  # starts MLflow's server (seconds): CI runs it in make test-slow
+def test_the_printed_mlflow_ui_command_shows_the_run(tracked) -> None:
+    proc, where = tracked
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("MLflow ")]
+    command = shlex.split(line.removeprefix("MLflow").strip())
+    assert command[1] == "ui"
+    port = free_port()
+    server = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port)], cwd=where,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        body = json.dumps({"experiment_ids": ["1"], "max_results": 5}).encode()
+        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search"
+        deadline, answer = time.monotonic() + 120, None
+        while answer is None and server.poll() is None and time.monotonic() < deadline:
+            try:
+                request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+                answer = json.load(urllib.request.urlopen(request, timeout=5))
+            except OSError:
+                time.sleep(0.5)
+        assert answer is not None, server.stderr.read()[-2000:] if server.poll() else "no answer"
+        assert [r["info"]["run_name"] for r in answer["runs"]] == ["T"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+# ---- W&B --------------------------------------------------------------------------------------
+BLOCK = 32 * 1024  # W&B's offline run file: LevelDB's log format, 32 KiB blocks
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """Every record of an offline run file (`run-<id>.wandb`), as W&B's protobuf messages."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", "not a W&B run file"
+    found, pos, chunk = [], 7, b""
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header is padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:  # zeros to the block's end
+            pos += BLOCK - pos % BLOCK
+            continue
+        chunk += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or its last piece
+            record = pb.Record()
+            record.ParseFromString(chunk)
+            found.append(record)
+            chunk = b""
+    return found
+
+
+def wandb_run_files(where: Path) -> list[Path]:
+    return sorted((run_dir(where) / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def key_of(item: Any) -> str:
+    """An item's name: W&B keeps a name with "/" as its parts (`nested_key`) or whole (`key`)."""
+    return item.key or "/".join(item.nested_key)
+
+
+def of_kind(records: list[Any], kind: str) -> list[Any]:
+    return [r for r in records if r.WhichOneof("record_type") == kind]
+
+
+def test_wandb_offline_run_keeps_the_run_as_tensorboard_does(tracked) -> None:
+    _, where = tracked
+    (path,) = wandb_run_files(where)
+    records = wandb_records(path)
+    (run,) = [r.run for r in of_kind(records, "run")]
+    assert run.display_name == "T" and list(run.tags) == ["baseline", "t2"]
+    assert run.project == "fasttrain-train"
+    config = {key_of(i): json.loads(i.value_json) for r in of_kind(records, "config")
+              for i in r.config.update if not key_of(i).startswith("_")}  # fmt: skip
+    assert as_text(session_hparams(run_dir(where))) == {k: str(v) for k, v in config.items()}
+    summary: dict[str, Any] = {}
+    for r in of_kind(records, "summary"):
+        summary |= {key_of(i): json.loads(i.value_json) for i in r.summary.update}
+    record = recorded(where)
+    assert summary["checkpoint"] == str(Path(record["checkpoint"]).absolute())
+    assert summary["final/test/acc"] == pytest.approx(record["metrics"]["test/acc"])
+    # one step convention: W&B's x is Lightning's trainer/global_step, as TensorBoard's step
+    history = [{key_of(i): json.loads(i.value_json) for i in r.history.item}
+               for r in of_kind(records, "history")]  # fmt: skip
+    for tag in ("val/acc", "train/loss_step"):
+        steps = [row["trainer/global_step"] for row in history if tag in row]
+        assert steps == tensorboard_steps(run_dir(where), tag), tag
+    assert not any("epoch" in row for row in history)
+    assert of_kind(records, "exit"), "the run was not finished"
+
+
+def test_printed_commands_name_what_each_tracker_wrote(tracked) -> None:
+    proc, where = tracked
+    lines = {x.split(maxsplit=1)[0]: x.split(maxsplit=1)[1] for x in proc.stdout.splitlines()
+             if x.startswith(("MLflow ", "W&B ", "TensorBoard "))}  # fmt: skip
+    exe, ui, flag, uri = shlex.split(lines["MLflow"])
+    assert Path(exe).parent == Path(sys.executable).parent and (ui, flag) == ("ui", "--backend-store-uri")
+    assert uri == f"sqlite:///{where}/logs/mlflow.db"
+    exe, sync, folder = shlex.split(lines["W&B"])
+    assert sync == "sync" and Path(folder) == wandb_run_files(where)[0].parent
+    assert "[baseline,t2]" in proc.stdout  # paths with a list override printed as they are
+
+
+def test_a_missing_tracker_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fasttrain.callbacks import trackers
+    from fasttrain.config.errors import UserError
+
+    monkeypatch.setattr(trackers, "installed", lambda module: False)
+    with pytest.raises(UserError, match=r"logger=mlflow needs the mlflow package: pip install"):
+        trackers.MLflowRun("sqlite:///x.db", "train", "T", "run")
+    with pytest.raises(UserError, match=r"logger=wandb needs the wandb package: pip install"):
+        trackers.WandbRun("run", "p", "T")
+
+
+@pytest.mark.parametrize("tags", ["tags=[a,'b!']", "tags=[[a]]", f"tags=[{'x' * 65}]"])
+def test_bad_tags_are_one_line_and_nothing_written(tags: str, tmp_path: Path) -> None:
+    proc = train(["logger=many", tags, "run_name=B"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: tags=") and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.slow  # a second run (seconds): CI runs it in make test-slow
+def test_a_continued_run_goes_on_as_the_same_tracked_run(tracked) -> None:
+    _, where = tracked
+    again = train([*ARGS[:3], "trainer.max_epochs=3", *ARGS[4:]], where)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Restored all states" in again.stderr
+    client, run = mlflow_run(where)  # still one MLflow run, now with the third epoch
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val/acc")]
+    assert steps == tensorboard_steps(run_dir(where), "val/acc") and len(steps) == 3
+    first, second = wandb_run_files(where)  # one offline folder per process, one W&B run id
+    assert first.name == second.name
+    history = [r.history for r in of_kind(wandb_records(second), "history")]
+    assert history, "the continued run recorded nothing"

@@ -210,8 +210,9 @@ def test_config_smoke_runs(rel: str, tmp_path: Path) -> None:
         # TensorBoard's events go into the run folder itself (its name is the run's in the UI);
         # MLflow's database into logs/, shared by the runs.
         stem = Path(rel).stem
-        written = {"tensorboard": ["run/events.out.tfevents.*"], "mlflow": ["logs/mlflow.db"],
-                   "many": ["run/events.out.tfevents.*", "logs/mlflow.db", "run/wandb/*"]}  # fmt: skip
+        events, database = "run/events.out.tfevents.*", "logs/mlflow.db"
+        written = {"tensorboard": [events], "mlflow": [database],
+                   "many": [events, database, "run/wandb/*"]}  # fmt: skip
         for pattern in written.get(stem, [f"run/{stem}/*"]):
             assert any(tmp_path.glob(pattern)), f"the logger wrote nothing: {pattern}"
 

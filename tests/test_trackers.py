@@ -104,8 +104,10 @@ def test_the_printed_mlflow_ui_command_shows_the_run(tracked) -> None:
     command = shlex.split(line.removeprefix("MLflow").strip())
     assert command[1] == "ui"
     port = free_port()
-    server = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port)], cwd=where,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        cwd=where, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         body = json.dumps({"experiment_ids": ["1"], "max_results": 5}).encode()
         url = f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search"
@@ -196,7 +198,8 @@ def test_printed_commands_name_what_each_tracker_wrote(tracked) -> None:
     lines = {x.split(maxsplit=1)[0]: x.split(maxsplit=1)[1] for x in proc.stdout.splitlines()
              if x.startswith(("MLflow ", "W&B ", "TensorBoard "))}  # fmt: skip
     exe, ui, flag, uri = shlex.split(lines["MLflow"])
-    assert Path(exe).parent == Path(sys.executable).parent and (ui, flag) == ("ui", "--backend-store-uri")
+    assert Path(exe).parent == Path(sys.executable).parent
+    assert (ui, flag) == ("ui", "--backend-store-uri")
     assert uri == f"sqlite:///{where}/logs/mlflow.db"
     exe, sync, folder = shlex.split(lines["W&B"])
     assert sync == "sync" and Path(folder) == wandb_run_files(where)[0].parent
@@ -214,9 +217,18 @@ def test_a_missing_tracker_package_is_one_line(monkeypatch: pytest.MonkeyPatch) 
         trackers.WandbRun("run", "p", "T")
 
 
-@pytest.mark.parametrize("tags", ["tags=[a,'b!']", "tags=[[a]]", f"tags=[{'x' * 65}]"])
-def test_bad_tags_are_one_line_and_nothing_written(tags: str, tmp_path: Path) -> None:
-    proc = train(["logger=many", tags, "run_name=B"], tmp_path)
+@pytest.mark.parametrize("tags", ["a!", ["a", ["b"]], ["x" * 65], [1]])
+def test_bad_tags_say_what_a_tag_may_be(tags: Any) -> None:
+    from fasttrain.config.errors import ConfigError
+    from fasttrain.config.settings import run_tags
+
+    with pytest.raises(ConfigError, match=r"^tags=.*: expected a list of names of letters"):
+        run_tags(tags)
+    assert run_tags("solo") == ["solo"] and run_tags(["a b", "v1.2/x"]) == ["a b", "v1.2/x"]
+
+
+def test_bad_tags_are_one_line_and_nothing_written(tmp_path: Path) -> None:
+    proc = train(["logger=many", "tags=[a,'b!']", "run_name=B"], tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("error: tags=") and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "logs").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -228,6 +229,41 @@ def test_printed_commands_work_as_printed(log_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = re.search(r"^ckpt_path: (.*)$", proc.stdout, re.M)
     assert ckpt and Path(ckpt[1]).is_file() and "=" in ckpt[1] and "," in ckpt[1]
+
+
+def pinned_in(printed: str) -> list[str]:
+    """The tags the printed `view` link pins."""
+    (url,) = [ln.split()[1] for ln in printed.splitlines() if ln.startswith("view ")]
+    query = urllib.parse.urlparse(url).query
+    cards = json.loads(urllib.parse.parse_qs(query)["pinnedCards"][0])
+    assert all(card["plugin"] == "scalars" for card in cards)
+    return [card["tag"] for card in cards]
+
+
+def test_the_printed_view_pins_loss_and_the_monitor_first(server: str) -> None:
+    # two to a row: training vs validation loss, then the monitored metric beside its twin
+    pinned = pinned_in(PRINTED[0])
+    assert pinned == ["train/loss_step", "val/loss", "train/acc", "val/acc"]
+    run = cli_runs(server)[0]
+    assert set(pinned) <= set(get_json(f"{server}/data/plugin/scalars/tags")[run])
+
+
+@pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs headless Chromium (apt)")
+def test_the_view_opens_on_the_pinned_charts_in_a_browser(server: str) -> None:
+    (link,) = [ln.split()[1] for ln in PRINTED[0].splitlines() if ln.startswith("view ")]
+    url = server + link.removeprefix("http://127.0.0.1:6006")  # this test's server
+    proc = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1100",
+         "--virtual-time-budget=15000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    page = proc.stdout
+    assert ">Pinned<" in page, page[-2000:]
+    # The Time Series page as rendered: the pinned group first, its cards in the link's order.
+    pinned_group = page[page.index(">Pinned<") : page.index('class="group-title" title=')]
+    titles = [t for t in re.findall(r'title="([^"]+)"', pinned_group) if "/" in t]
+    assert titles == pinned_in(PRINTED[0])
 
 
 def test_long_overrides_keep_every_value() -> None:

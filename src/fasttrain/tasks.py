@@ -57,9 +57,10 @@ def train(cfg: Any) -> dict[str, float]:
     final = board.final_values(metrics, trainer)
     board.end_session(trainer.loggers, final, trainer.global_step)
     trackers.record_end(trainer.loggers, final, trainer.global_step, best or None)
-    report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir,
-           monitor=getattr(model, "monitor", None),
-           more=trackers.commands(trainer.loggers))  # fmt: skip
+    monitor = getattr(model, "monitor", None)
+    pinned = board.pinned_tags(monitor, metrics)  # of the values the run logged
+    report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir, monitor=monitor,
+           more=trackers.commands(trainer.loggers), pinned=pinned)  # fmt: skip
     return metrics
 
 
@@ -236,11 +237,13 @@ def check_settings(cfg: Any, entry: str) -> None:
 
 def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
            log_dir: str | None = None, monitor: str | None = None,
-           more: dict[str, str] | None = None) -> None:  # fmt: skip
+           more: dict[str, str] | None = None,
+           pinned: list[str] | None = None) -> None:  # fmt: skip
     """Write metrics.json in the run dir (with the task's `monitor`, the metric the run is
     judged by, for a training run); print the final metrics, where the run went and, for
-    a training run (`log_dir` given), the commands that open it in TensorBoard (and `more`:
-    MLflow, W&B), evaluate and export its checkpoint, and continue it."""
+    a training run (`log_dir` given), the commands that open it in TensorBoard (the link with
+    the `pinned` charts first) and in `more` (MLflow, W&B), evaluate and export its checkpoint,
+    and continue it."""
     from lightning.pytorch.utilities import rank_zero_only
     from rich.console import Console
     from rich.markup import escape
@@ -267,11 +270,13 @@ def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
     if ckpt:
         console.print(f"[bold]checkpoint[/]  {escape(ckpt)}")
     if log_dir:  # a training run: what to do next, each command ready to paste
-        for name, command in {**(more or {}), **next_commands(out, ckpt, log_dir)}.items():
+        commands = next_commands(out, ckpt, log_dir, pinned or [])
+        for name, command in {**(more or {}), **commands}.items():
             console.print(f"[bold]{name:<11}[/] {escape(command)}", markup=True, highlight=False)
 
 
-def next_commands(run_dir: Path, ckpt: str | None, log_dir: str) -> dict[str, str]:
+def next_commands(run_dir: Path, ckpt: str | None, log_dir: str,
+                  pinned: list[str] | None = None) -> dict[str, str]:  # fmt: skip
     """Commands that work exactly as printed from where the run was started: the run folder's
     name holds `=` and `,`, so a path in an override is quoted for Hydra, and the override for
     the shell."""
@@ -284,6 +289,10 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str) -> dict[str, st
     commands = {}
     if list(run_dir.glob("events.out.tfevents.*")):
         commands["TensorBoard"] = tensorboard_command(log_dir)
+        if pinned:  # then this link: the loss and the task's metric pinned first
+            from fasttrain.callbacks.board import view_url
+
+            commands["view"] = view_url(pinned)
     python = shown(sys.executable)
     if ckpt:
         # The data group, split and settings come from the checkpoint (assemble.restore).

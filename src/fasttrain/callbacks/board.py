@@ -19,9 +19,11 @@ test values at the step where they were measured.
 
 from __future__ import annotations
 
+import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+import urllib.parse
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
 import lightning as L
@@ -191,6 +193,27 @@ def _select(config: Mapping[str, Any], key: str) -> Any:
 
 def _typed(value: Any) -> Value:
     return value if isinstance(value, (bool, int, float, str)) else str(value)
+
+
+def pinned_tags(monitor: str | None, logged: Collection[str]) -> list[str]:
+    """The charts the Time Series view opens on, two to a row: training vs validation loss,
+    then the task's training twin of its monitored metric beside it (train/acc | val/acc).
+
+    TensorBoard orders the groups below alphabetically and opens the first two; pinned cards
+    come before them all, and a link can carry them (`view_url`).
+    """
+    wanted = ["train/loss_step", "val/loss"]
+    if monitor and monitor != "val/loss":
+        wanted += ["train/" + monitor.split("/", 1)[-1], monitor]
+    # The per-step loss goes straight to the loggers (fasttrain.models.task), past `logged`.
+    present = {*logged, "train/loss_step"} if "train/loss_epoch" in logged else set(logged)
+    return [tag for tag in wanted if tag in present]
+
+
+def view_url(tags: Sequence[str], port: int = 6006) -> str:
+    """TensorBoard's Time Series page with `tags` pinned first (its `pinnedCards` link)."""
+    cards = json.dumps([{"plugin": "scalars", "tag": t} for t in tags], separators=(",", ":"))
+    return f"http://127.0.0.1:{port}/?pinnedCards={urllib.parse.quote(cards)}#timeseries"
 
 
 def trial_id(run_name: str) -> str:

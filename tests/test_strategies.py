@@ -12,8 +12,7 @@ import torch
 from practices import compose_train
 
 from conftest import final_metrics, run_cli, run_dirs, session_hparams
-from fasttrain.distributed import DataParallelStrategy, reduce_replica_outputs
-from fasttrain.distributed.dp import _ReplicaStep
+from fasttrain.distributed.dp import DataParallelStrategy, _ReplicaStep, reduce_replica_outputs
 
 
 def full_split_accuracy(ckpt: str, split: str, precision: torch.dtype | None) -> float:

@@ -154,6 +154,23 @@ def test_help_is_fast_because_torch_is_not_imported() -> None:
     assert "_target_: fasttrain.models.Classifier" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    "args", [["--cfg", "job"], ["--info"], ["experiment=cifar10_resnet18", "--cfg", "job"]]
+)
+def test_printing_the_config_imports_nothing_heavy(args: list[str], tmp_path: Path) -> None:
+    # --cfg/--info print what Hydra composed: no torch, Lightning or scikit-learn (seconds).
+    code = (
+        f"import sys; sys.argv = ['train.py', 'paths.root_dir={tmp_path}', *{args!r}]\n"
+        "try:\n"
+        "    from fasttrain.train import main; main()\n"
+        "finally:\n"
+        "    print('HEAVY', [m for m in ('torch', 'lightning', 'sklearn') if m in sys.modules])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "HEAVY []" in proc.stdout and "_target_" in proc.stdout
+
+
 def test_plain_command_from_an_empty_folder_puts_runs_under_its_logs(tmp_path: Path) -> None:
     # No paths.* override: the run dir is derived from the launch folder (${hydra:runtime.cwd}),
     # as with `make train`; the command-line check must resolve it the same way Hydra does.

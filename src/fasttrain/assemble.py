@@ -32,7 +32,7 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-import fasttrain.distributed  # noqa: F401  (registers `dp` before any Trainer is built)
+import fasttrain.distributed.dp  # noqa: F401  (registers `dp` before any Trainer is built)
 from fasttrain.checkpoints.io import AtomicCheckpointIO
 from fasttrain.checkpoints.resume import ResumeState, confine_restored_paths
 from fasttrain.config.errors import ConfigError, UserError

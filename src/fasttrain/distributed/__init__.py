@@ -1,16 +1,9 @@
-"""Strategies Lightning lacks, registered by name so `trainer.strategy=<name>` finds them.
+"""Multi-process and multi-device training pieces Lightning lacks.
 
-Importing this package registers them; fasttrain.assemble imports it, so every config
-that builds the trainer can name them.
+- `dp`: the DataParallel strategy, registered by name (`trainer.strategy=dp`) when that module
+  is imported; fasttrain.assemble imports it before any Trainer is built.
+- `multirun`: DDP ranks inside a Hydra sweep.
+
+Kept free of imports: every command line imports `multirun` (through this package) before it
+knows whether it will train; `python train.py --cfg job` must not pay for Lightning.
 """
-
-from lightning.pytorch.strategies import StrategyRegistry
-
-from fasttrain.distributed.dp import DataParallelStrategy, reduce_replica_outputs
-
-if "dp" not in StrategyRegistry:
-    StrategyRegistry.register(
-        "dp", DataParallelStrategy, description="nn.DataParallel over the local GPUs"
-    )
-
-__all__ = ["DataParallelStrategy", "reduce_replica_outputs"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
@@ -158,3 +158,9 @@ class DataParallelStrategy(ParallelStrategy):
     def teardown(self) -> None:
         super().teardown()
         self._replica_step = None
+
+
+if "dp" not in StrategyRegistry:  # `trainer.strategy=dp` names it (fasttrain.assemble imports this)
+    StrategyRegistry.register(
+        "dp", DataParallelStrategy, description="nn.DataParallel over the local GPUs"
+    )

@@ -229,6 +229,13 @@ def test_private_lightning_internals_still_exist() -> None:
     assert isinstance(epoch_loop.batch_progress.current.ready, int)  # data.augment
 
 
+def test_building_a_run_imports_no_scikit_learn() -> None:
+    # ~0.4 s (and pandas): only the data sets that split with it import it, when they split
+    code = "import sys, fasttrain.assemble, fasttrain.data; print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_help_and_import_stay_free_of_torch() -> None:
     code = "import sys, fasttrain.cli, fasttrain.tasks; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -50,3 +50,19 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path) -> None:
     assert [r["variant"] for r in results["recipe"]["rows"]] == ["eager fp32", "recipe"]
     assert all(r["images_per_s"] > 0 for r in results["recipe"]["rows"])
     assert "| variant | images/s |" in (tmp_path / "gpu_results.md").read_text()
+
+
+@pytest.mark.slow  # two runs to their first step (tens of seconds): CI runs it in make test-slow
+def test_startup_benchmark_smoke() -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/startup.py", "--smoke"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {ln.split("|")[1].strip(): ln for ln in proc.stdout.splitlines() if ln.startswith("| ")}
+    # every phase of both, each a duration (a stamp out of order would show a negative one)
+    for phase in ("interpreter", "imports", "compose", "build", "setup", "first step"):
+        ours, floor = (float(x) for x in rows[phase].split("|")[2:4])
+        assert ours >= 0 and floor >= 0, rows[phase]
+    assert "`train.py --cfg job`" in proc.stdout

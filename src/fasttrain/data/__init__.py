@@ -1,16 +1,26 @@
 """LightningDataModules. Configs name each by its module path (fasttrain.data.wine.WineDataModule),
-so a new data set needs no edit here."""
+so a new data set needs no edit here.
 
-from fasttrain.data.arrays import ArrayDataModule
-from fasttrain.data.base import TensorDataModule, resolve_num_workers, resolve_pin_memory
-from fasttrain.data.digits import DigitsDataModule
-from fasttrain.data.synthetic import SyntheticDataModule
+The names below are imported when first used: importing one module of this package (the loaders
+every run uses) must not import scikit-learn for data sets the run does not read.
+"""
 
-__all__ = [
-    "ArrayDataModule",
-    "DigitsDataModule",
-    "SyntheticDataModule",
-    "TensorDataModule",
-    "resolve_num_workers",
-    "resolve_pin_memory",
-]
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "ArrayDataModule": "fasttrain.data.arrays",
+    "DigitsDataModule": "fasttrain.data.digits",
+    "SyntheticDataModule": "fasttrain.data.synthetic",
+    "TensorDataModule": "fasttrain.data.base",
+    "resolve_num_workers": "fasttrain.data.base",
+    "resolve_pin_memory": "fasttrain.data.base",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_WHERE[name]), name)

@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from fasttrain.config.errors import ConfigError, check_shape
@@ -101,6 +100,8 @@ class ArraySplits(TensorDataModule):
 
     def _split_rows(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(train, val, test) row indices, fixed by seed; stratified by y for class labels."""
+        from sklearn.model_selection import train_test_split  # ~0.4 s: only where it splits
+
         if self.fold is not None:
             return fold_indices(y, self.num_folds, self.fold, self.test_fraction, self.seed,
                                 stratify=self.stratified)  # fmt: skip

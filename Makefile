@@ -15,6 +15,8 @@ ARGS ?=
 PORT ?= 6006
 NAME ?=
 DEST ?=
+FROM ?=
+REF ?=
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +26,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard new-project doctor
+.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard new-project update-template doctor
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -62,6 +64,10 @@ bench: $(STAMP) ## CPU benchmark: template vs hand-written loop -> bench/results
 
 tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006); every run is listed by name
 	$(BIN)/tensorboard --logdir logs --host 127.0.0.1 --port $(PORT)
+
+update-template: ## in a new project: merge a newer template into it: make update-template [FROM=path-or-url] [REF=tag]
+	@# Standard library and git only; its own file in src/<package>/tools/.
+	$(PYTHON) src/fasttrain/tools/new_project.py update $(FROM) $(if $(REF),--ref $(REF))
 
 new-project: ## copy this template into a new project: make new-project NAME=acme_vision DEST=../acme_vision
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "usage: make new-project NAME=acme_vision DEST=../acme_vision" >&2; exit 2; }

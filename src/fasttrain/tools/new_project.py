@@ -1,8 +1,20 @@
-"""Copy this template into a new project under a new package name: the one place that knows how.
+"""Copy this template into a new project under a new package name, and later bring a newer
+template's changes into that project: the one place that knows how.
 
     make new-project NAME=acme_vision DEST=../acme_vision
     python src/fasttrain/tools/new_project.py create ../acme_vision --package acme_vision
     copier copy --trust <this repo> ../acme_vision   (copier.yml runs `rename` after copying)
+
+    make update-template [FROM=path-or-git-url] [REF=branch-or-tag]     (in the new project)
+    python src/acme_vision/tools/new_project.py update [FROM] [--ref REF]
+
+Updates are git merges. A new project keeps, on its branch `template`, the template as it was
+rendered for it (its first commit). `update` renders the newer template the same way (with
+the newer template's own code, under the project's names), commits that on `template`, and
+merges `template` into the current branch: the template's changes come in where the project
+left those lines alone, the project's own files and changes stay, and a line both changed is a
+git conflict to resolve. `.template.json` records where the template came from and at which
+commit.
 
 Standard library only, so it runs before any environment exists.
 """
@@ -11,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import keyword
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 TEMPLATE = "fasttrain"  # the package name this copy carries; `rename` replaces it
@@ -28,6 +42,8 @@ EXCLUDE = {".git", ".venv", "logs", "outputs", "multirun", "lightning_logs", "__
            ".pytest_cache", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints", "build", "dist",
            "copier.yml"}  # fmt: skip
 ATTRIBUTION = f"Started from the {TEMPLATE} template."
+RECORD = ".template.json"  # in a new project: where its template came from (`update` reads it)
+BRANCH = "template"  # in a new project's git: the template as rendered for it, one commit each
 # README text that only holds in the template (how to copy it with copier, whose copier.yml is
 # not copied): between these markers, dropped from a copy's README.
 TEMPLATE_ONLY = re.compile(r"\n*<!-- template-only -->.*?<!-- /template-only -->\n*", re.S)
@@ -111,10 +127,12 @@ def _replace(text: str, package: str, project: str) -> str:
     return text.replace(TEMPLATE, package)
 
 
-def rename(root: Path, package: str, project: str, author: str = "", python: str = "") -> None:
+def rename(root: Path, package: str, project: str, author: str = "", python: str = "",
+           check: bool = True) -> None:  # fmt: skip
     """Rename the package in `root` (a fresh copy): folder, imports, `_target_`s, pyproject,
     README title, Makefile, env var names; then set author and Python version if given."""
-    check_package(package)
+    if check:
+        check_package(package)
     old = root / "src" / TEMPLATE
     if old.is_dir():
         old.rename(root / "src" / package)
@@ -148,29 +166,129 @@ def _pyproject(text: str, author: str, python: str) -> str:
     return text
 
 
+def _ident(root: Path) -> list[str]:
+    """The user's git identity where set, else a neutral one (git refuses to commit without)."""
+    has_ident = subprocess.run(["git", "config", "user.email"], cwd=root, capture_output=True)
+    if has_ident.stdout.strip():
+        return []
+    return ["-c", "user.name=new-project", "-c", "user.email=new-project@localhost"]
+
+
+def git(root: Path, *args: str) -> str:
+    """Run git in `root`; its output. NewProjectError with git's last line if it fails."""
+    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise NewProjectError(f"git {args[0]} failed: {said[-1] if said else proc.returncode}")
+    return proc.stdout
+
+
 def git_init(root: Path, message: str) -> None:
-    """`git init` and a first commit, under the user's git identity (a neutral one if unset)."""
+    """`git init`, a first commit, and the branch `template` at it (what `update` merges from),
+    under the user's git identity (a neutral one if unset)."""
     if shutil.which("git") is None:
         print("git not found: the project is not a repository yet", file=sys.stderr)
         return
-    has_ident = subprocess.run(["git", "config", "user.email"], cwd=root, capture_output=True)
-    ident = [] if has_ident.stdout.strip() else [
-        "-c", "user.name=new-project", "-c", "user.email=new-project@localhost"]  # fmt: skip
-    for args in (["init", "-q"], ["add", "-A"], [*ident, "commit", "-q", "-m", message]):
-        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, *_ident(root), "commit", "-q", "-m", message)
+    git(root, "branch", BRANCH)
+
+
+def template_commit(src: Path) -> str:
+    """The commit the template in `src` is at ("" where it is no git checkout)."""
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def write_record(root: Path, source: str, commit: str, package: str, project: str,
+                 author: str, python: str) -> None:  # fmt: skip
+    record = {"source": source, "commit": commit, "package": package, "project": project,
+              "author": author, "python": python}  # fmt: skip
+    (root / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 def create(dest: Path, package: str, project: str = "", author: str = "", python: str = "",
-           src: Path = ROOT, init_git: bool = True) -> Path:  # fmt: skip
-    """Copy `src` to `dest` and rename it; refuse bad names or a non-empty `dest` first."""
-    check_package(package)
+           src: Path = ROOT, init_git: bool = True, source: str = "", commit: str = "",
+           for_update: bool = False) -> Path:  # fmt: skip
+    """Copy `src` to `dest` and rename it; refuse bad names or a non-empty `dest` first.
+    `source`/`commit`: where the template came from, if not `src` (an update's checkout);
+    `for_update`: a rendering for `update`, whose package is importable by then."""
+    if not for_update:
+        check_package(package)
     dest = dest.resolve()
     check_dest(dest)
     copy_tree(src, dest)
-    rename(dest, package, project or package.replace("_", "-"), author, python)
+    project = project or package.replace("_", "-")
+    rename(dest, package, project, author, python, check=not for_update)
+    write_record(dest, source or str(src.resolve()), commit or template_commit(src), package,
+                 project, author, python)  # fmt: skip
     if init_git:
         git_init(dest, f"New project {package}, from the {TEMPLATE} template")
     return dest
+
+
+class MergeConflict(NewProjectError):
+    """The merge stopped on conflicts: the project is mid-merge, as git leaves it."""
+
+
+def update(root: Path, source: str = "", ref: str = "") -> str:
+    """Merge a newer template into the project in `root` (see the module doc); what happened,
+    in one line. NewProjectError before anything changes if it cannot; a merge that conflicts
+    is left to resolve, as `git merge` leaves it."""
+    record_file = root / RECORD
+    if not record_file.is_file():
+        raise NewProjectError(f"no {RECORD} in {root}: not a project made from the template")
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    if git(root, "status", "--porcelain", "--untracked-files=no").strip():
+        raise NewProjectError("the project has uncommitted changes: commit or stash them first")
+    git(root, "rev-parse", "--verify", "--quiet", f"refs/heads/{BRANCH}")
+    source = source or record.get("source", "")
+    if not source:
+        raise NewProjectError(f"{RECORD} names no template source: give one, "
+                              "make update-template FROM=path-or-git-url")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        checkout = Path(tmp) / "template"
+        git(root, "clone", "-q", *(["--branch", ref] if ref else []), source, str(checkout))
+        commit = template_commit(checkout)
+        if commit and commit == record.get("commit"):
+            return f"already at the template's {commit[:12]}: nothing to merge"
+        _render(checkout, Path(tmp) / "render", record, source, commit)
+        _commit_rendering(root, Path(tmp) / "render", Path(tmp) / "worktree", commit)
+    merged = subprocess.run(["git", *_ident(root), "merge", "--no-edit", BRANCH], cwd=root,
+                            capture_output=True, text=True)  # fmt: skip
+    if merged.returncode != 0:
+        conflicts = git(root, "diff", "--name-only", "--diff-filter=U").split()
+        raise MergeConflict(f"the template's {commit[:12]} conflicts with the project's changes "
+                            f"in {', '.join(conflicts) or 'the merge'}: resolve them and "
+                            "git commit (or git merge --abort)")  # fmt: skip
+    return f"merged the template's {commit[:12]} into the project"
+
+
+def _render(checkout: Path, render: Path, record: dict, source: str, commit: str) -> None:
+    """The newer template, copied and renamed as `create` did for this project, by the newer
+    template's own script (its renaming may have changed too)."""
+    (script,) = checkout.glob("src/*/tools/new_project.py")
+    names = ["--package", record["package"], "--project", record["project"],
+             "--author", record["author"], "--python", record["python"]]  # fmt: skip
+    args = [sys.executable, str(script), "create", str(render), *names, "--no-git",
+            "--for-update", "--source", source, "--commit", commit]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise NewProjectError(f"rendering the template failed: {proc.stderr.strip()[-500:]}")
+
+
+def _commit_rendering(root: Path, render: Path, worktree: Path, commit: str) -> None:
+    """Make `render` the next commit of the branch `template` (in a worktree of its own)."""
+    git(root, "worktree", "add", "-q", str(worktree), BRANCH)
+    try:
+        git(worktree, "rm", "-r", "-q", "--ignore-unmatch", ".")
+        copy_tree(render, worktree)
+        git(worktree, "add", "-A")
+        if git(worktree, "status", "--porcelain").strip():
+            git(worktree, *_ident(root), "commit", "-q", "-m", f"Template at {commit[:12]}")
+    finally:
+        git(root, "worktree", "remove", "--force", str(worktree))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,17 +302,34 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument("--author", default="")
         cmd.add_argument("--python", default="", help="minimum Python version, e.g. 3.11")
         cmd.add_argument("--no-git", action="store_true", help="skip git init and first commit")
+        cmd.add_argument("--source", default="", help="where the template came from (record)")
+        cmd.add_argument("--commit", default="", help="the template's commit (record)")
+        if name == "create":
+            cmd.add_argument("--for-update", action="store_true", help=argparse.SUPPRESS)
+    cmd = sub.add_parser("update", help="merge a newer template into this project")
+    cmd.add_argument("source", nargs="?", default="", help="template path or git URL "
+                     f"(default: the one in {RECORD})")  # fmt: skip
+    cmd.add_argument("--ref", default="", help="the template's branch or tag (default: its HEAD)")
+    cmd.add_argument("--root", type=Path, default=Path("."), help="the project (default: here)")
     args = parser.parse_args(argv)
     try:
         if args.command == "create":
             dest = create(args.dest, args.package, args.project, args.author, args.python,
-                          init_git=not args.no_git)  # fmt: skip
+                          init_git=not args.no_git, source=args.source, commit=args.commit,
+                          for_update=args.for_update)  # fmt: skip
             print(f"created {dest}: cd {dest} && make test")
-        else:
+        elif args.command == "rename":
             project = args.project or args.package.replace("_", "-")
             rename(args.root, args.package, project, args.author, args.python)
+            write_record(args.root, args.source, args.commit, args.package, project,
+                         args.author, args.python)  # fmt: skip
             if not args.no_git:
                 git_init(args.root, f"New project {args.package}, from the {TEMPLATE} template")
+        else:
+            print(update(args.root.resolve(), args.source, args.ref))
+    except MergeConflict as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except NewProjectError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

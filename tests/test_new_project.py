@@ -118,11 +118,12 @@ def own_files(package: str) -> dict[str, str]:
     from test_readme_example import readme_files
 
     examples = readme_files()
-    renamed = {"res_mlp": "wide_mlp", "ResMLP": "WideMLP", "breast_cancer": "cancer",
-               "BreastCancer": "Cancer", TEMPLATE: package}  # fmt: skip
+    names = {"res_mlp": "wide_mlp", "breast_cancer": "cancer"}  # (not load_breast_cancer)
+    renamed = {**{f"{c}{old}": f"{c}{new}" for old, new in names.items() for c in "./="},
+               "ResMLP": "WideMLP", "BreastCancer": "Cancer", TEMPLATE: package}  # fmt: skip
     own = {}
     for path, text in examples.items():
-        if "res_mlp" in path or "breast_cancer" in path:
+        if any(name in path for name in names):
             for old, new in renamed.items():
                 path, text = path.replace(old, new), text.replace(old, new)
             own[path] = text

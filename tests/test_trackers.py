@@ -173,7 +173,7 @@ def test_wandb_offline_run_keeps_the_run_as_tensorboard_does(tracked) -> None:
     records = wandb_records(path)
     (run,) = [r.run for r in of_kind(records, "run")]
     assert run.display_name == "T" and list(run.tags) == ["baseline", "t2"]
-    assert run.project == "fasttrain-train"
+    assert run.project == "fasttrain" and run.run_group == "train"  # the project, the task
     config = {key_of(i): json.loads(i.value_json) for r in of_kind(records, "config")
               for i in r.config.update if not key_of(i).startswith("_")}  # fmt: skip
     assert as_text(session_hparams(run_dir(where))) == {k: str(v) for k, v in config.items()}

@@ -136,7 +136,7 @@ class WandbRun(WandbLogger):
 
     Args:
         save_dir: the run folder; W&B writes its `wandb/` folder there.
-        project: the W&B project (default: fasttrain-<task>).
+        project: the W&B project (the package's name; the task is the run's group).
         name: the W&B run's name (default: the run folder's name).
         tags: the run's `tags=`.
         offline: record locally only, no account or network needed (`wandb sync` uploads it).

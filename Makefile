@@ -67,7 +67,7 @@ tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006); ev
 
 update-template: ## in a new project: merge a newer template into it: make update-template [FROM=path-or-url] [REF=tag]
 	@# Standard library and git only; its own file in src/<package>/tools/.
-	$(PYTHON) src/fasttrain/tools/new_project.py update $(FROM) $(if $(REF),--ref $(REF))
+	$(PYTHON) src/fasttrain/tools/new_project.py update $(if $(FROM),"$(FROM)") $(if $(REF),--ref "$(REF)")
 
 new-project: ## copy this template into a new project: make new-project NAME=acme_vision DEST=../acme_vision
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "usage: make new-project NAME=acme_vision DEST=../acme_vision" >&2; exit 2; }

@@ -195,12 +195,25 @@ def test_new_project_passes_its_default_suite(updated) -> None:
 def test_update_refuses_what_it_cannot_merge(project: Path, tmp_path: Path) -> None:
     script = project / "src" / NEW / "tools" / "new_project.py"
 
-    def update(root: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(script), "update", "--root", str(root)],
+    def update(root: Path, *source: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), "update", *source, "--root", str(root)],
                               capture_output=True, text=True, timeout=120)  # fmt: skip
 
     proc = update(tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: no {RECORD} in ")
+    other = tmp_path / "other"  # a git repository that is not the template
+    other.mkdir()
+    (other / "a.txt").write_text("a")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "a"]):
+        git(other, *args)
+    proc = update(project, str(other))
+    assert proc.returncode == 2 and "is not the template" in proc.stderr
+    git(project, "branch", "-m", BRANCH, "kept")
+    try:
+        proc = update(project)
+        assert proc.returncode == 2 and f"no branch '{BRANCH}'" in proc.stderr
+    finally:
+        git(project, "branch", "-m", "kept", BRANCH)
     readme = project / "README.md"
     kept = readme.read_text()
     readme.write_text(kept + "a change not yet committed\n")

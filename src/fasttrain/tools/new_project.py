@@ -242,7 +242,11 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
     record = json.loads(record_file.read_text(encoding="utf-8"))
     if git(root, "status", "--porcelain", "--untracked-files=no").strip():
         raise NewProjectError("the project has uncommitted changes: commit or stash them first")
-    git(root, "rev-parse", "--verify", "--quiet", f"refs/heads/{BRANCH}")
+    branch = ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{BRANCH}"]
+    if subprocess.run(branch, cwd=root, capture_output=True).returncode != 0:
+        first = "<the project's first commit>"
+        raise NewProjectError(f"no branch '{BRANCH}' (the template as first rendered here): "
+                              f"git branch {BRANCH} {first}, then again")  # fmt: skip
     source = source or record.get("source", "")
     if not source:
         raise NewProjectError(f"{RECORD} names no template source: give one, "
@@ -259,16 +263,23 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
                             capture_output=True, text=True)  # fmt: skip
     if merged.returncode != 0:
         conflicts = git(root, "diff", "--name-only", "--diff-filter=U").split()
+        if not conflicts:  # refused before it began (an untracked file in the way, ...)
+            said = (merged.stderr.strip() or merged.stdout.strip()).splitlines()
+            raise NewProjectError(f"git merge {BRANCH} refused: {said[0] if said else ''}")
         raise MergeConflict(f"the template's {commit[:12]} conflicts with the project's changes "
-                            f"in {', '.join(conflicts) or 'the merge'}: resolve them and "
-                            "git commit (or git merge --abort)")  # fmt: skip
+                            f"in {', '.join(conflicts)}: resolve them and git commit "
+                            "(or git merge --abort)")  # fmt: skip
     return f"merged the template's {commit[:12]} into the project"
 
 
 def _render(checkout: Path, render: Path, record: dict, source: str, commit: str) -> None:
     """The newer template, copied and renamed as `create` did for this project, by the newer
     template's own script (its renaming may have changed too)."""
-    (script,) = checkout.glob("src/*/tools/new_project.py")
+    scripts = list(checkout.glob("src/*/tools/new_project.py"))
+    if len(scripts) != 1:
+        raise NewProjectError(f"{source} is not the template (no src/<package>/tools/"
+                              "new_project.py in it)")  # fmt: skip
+    (script,) = scripts
     names = ["--package", record["package"], "--project", record["project"],
              "--author", record["author"], "--python", record["python"]]  # fmt: skip
     args = [sys.executable, str(script), "create", str(render), *names, "--no-git",

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from test_reliability_run_sweeps import train
 
-from conftest import session_hparams
+from conftest import REPO, session_hparams
 
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
@@ -247,3 +247,28 @@ def test_a_continued_run_goes_on_as_the_same_tracked_run(tracked) -> None:
     assert first.name == second.name
     history = [r.history for r in of_kind(wandb_records(second), "history")]
     assert history, "the continued run recorded nothing"
+
+
+@pytest.mark.slow  # two runs at once (tens of seconds): CI runs it in make test-slow
+def test_two_runs_at_once_share_a_new_mlflow_database(tmp_path: Path) -> None:
+    # Both create the database's tables and the experiment: without a lock the second failed
+    # ("duplicate column name") before its first step.
+    from test_reliability_run_sweeps import user_env
+
+    args = ["logger=mlflow", "model=mlp", "trainer.max_epochs=1", "data.num_workers=0",
+            "callbacks.progress_bar=null", "test=false"]  # fmt: skip
+    command = [sys.executable, str(REPO / "train.py"), *args]
+    procs = [
+        subprocess.Popen([*command, f"run_name=r{i}"], cwd=tmp_path, env=user_env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/logs/mlflow.db")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "train"]
+    names = sorted(r.info.run_name for r in client.search_runs([experiment.experiment_id]))
+    assert names == ["r0", "r1"]

@@ -13,12 +13,13 @@ continued in its folder (resume=auto) continues the same MLflow run and W&B run 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import re
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +76,21 @@ class MLflowRun(MLFlowLogger):
                  artifact_location: str | None = None) -> None:  # fmt: skip
         _require("mlflow", "logger=mlflow")
         labels = {tag: "" for tag in run_tags(tags)} | {RUN_DIR_TAG: str(Path(run_dir).absolute())}
-        super().__init__(experiment_name=experiment_name, run_name=run_name,
-                         tracking_uri=tracking_uri, tags=labels,
-                         artifact_location=artifact_location)  # fmt: skip
+        with _one_at_a_time(tracking_uri):  # the client creates (migrates) a new database
+            super().__init__(experiment_name=experiment_name, run_name=run_name,
+                             tracking_uri=tracking_uri, tags=labels,
+                             artifact_location=artifact_location)  # fmt: skip
         self._run_dir = labels[RUN_DIR_TAG]
 
     @property
     @rank_zero_experiment
     def experiment(self) -> Any:
-        if not self._initialized and self._run_id is None:
-            self._run_id = self._continued_run()
-        return super().experiment
+        if self._initialized:
+            return super().experiment
+        with _one_at_a_time(self._tracking_uri):  # two runs would both create the experiment
+            if self._run_id is None:
+                self._run_id = self._continued_run()
+            return super().experiment
 
     def _continued_run(self) -> str | None:
         """The id of the MLflow run recorded for this run folder before, if any."""
@@ -125,6 +130,26 @@ class MLflowRun(MLFlowLogger):
 
     def show_command(self) -> str:
         return f"{_executable('mlflow')} ui --backend-store-uri {shlex.quote(self._tracking_uri)}"
+
+
+@contextlib.contextmanager
+def _one_at_a_time(tracking_uri: str | None) -> Iterator[None]:
+    """Hold a lock beside a SQLite tracking database: two runs started at once would both create
+    its tables (the second fails: "duplicate column name") or the same experiment."""
+    path = tracking_uri.removeprefix("sqlite:///") if tracking_uri else ""
+    if not (tracking_uri or "").startswith("sqlite:///") or sys.platform == "win32":
+        yield
+        return
+    import fcntl
+
+    lock = Path(path + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _quoted(text: str) -> str:

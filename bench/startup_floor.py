@@ -1,7 +1,6 @@
 """The floor for bench/startup.py: the default run's work written by hand in one file, with
 Hydra and Lightning (no template): digits, a small CNN, TensorBoard, a checkpoint, fit."""
 
-import json
 import os
 import time
 
@@ -11,6 +10,7 @@ import hydra  # noqa: E402
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
+from timeline import StartupStamps  # noqa: E402  (bench/ is on the path)
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
@@ -63,17 +63,6 @@ class Net(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
 
 
-class Stamps(L.Callback):
-    def on_train_start(self, trainer, pl_module) -> None:
-        STAMPS["train_start"] = time.time()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if "first_step_end" not in STAMPS:
-            STAMPS["first_step_end"] = time.time()
-            with open(os.environ["STARTUP_STAMPS"], "w") as f:
-                json.dump(STAMPS, f)
-
-
 @hydra.main(version_base="1.3", config_path=None, config_name="floor")
 def main(cfg) -> None:
     STAMPS["composed"] = time.time()
@@ -82,7 +71,8 @@ def main(cfg) -> None:
     trainer = L.Trainer(
         max_epochs=1, limit_train_batches=1, limit_val_batches=1, enable_progress_bar=False,
         logger=L.pytorch.loggers.TensorBoardLogger(out, name="", version=""),
-        callbacks=[L.pytorch.callbacks.ModelCheckpoint(monitor="val/acc", mode="max"), Stamps()],
+        callbacks=[L.pytorch.callbacks.ModelCheckpoint(monitor="val/acc", mode="max"),
+                   StartupStamps(STAMPS, os.environ["STARTUP_STAMPS"])],
     )  # fmt: skip
     data, model = Digits(cfg.batch_size), Net(cfg.lr)
     STAMPS["built"] = time.time()

@@ -197,7 +197,7 @@ def _typed(value: Any) -> Value:
 
 def pinned_tags(monitor: str | None, logged: Collection[str]) -> list[str]:
     """The charts the Time Series view opens on, two to a row: training vs validation loss,
-    then the task's training twin of its monitored metric beside it (train/acc | val/acc).
+    then the monitored metric beside its training twin (train/<name> beside val/<name>).
 
     TensorBoard orders the groups below alphabetically and opens the first two; pinned cards
     come before them all, and a link can carry them (`view_url`).

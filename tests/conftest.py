@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,24 +39,40 @@ def final_metrics(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "metrics.json").read_text())["metrics"]
 
 
-def scalars(run_dir: Path) -> dict[str, list[float]]:
-    """Every scalar tag in the run's TensorBoard events (in the run folder) -> its values in
-    step order."""
+def _events(folder: Path) -> Any:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
+    return acc
+
+
+def scalars(run_dir: Path) -> dict[str, list[float]]:
+    """Every scalar the run showed in TensorBoard's curves, by the name logged -> its values in
+    step order."""
+    from fasttrain.callbacks.board import read_scalars
+
+    return {name: [v for _, v in points] for name, points in read_scalars(run_dir).items()}
+
+
+def scalar_steps(run_dir: Path, name: str) -> list[int]:
+    from fasttrain.callbacks.board import read_scalars
+
+    return [step for step, _ in read_scalars(run_dir)[name]]
+
+
+def verdict(run_dir: Path) -> dict[str, list[float]]:
+    """The run's HPARAMS metrics (`verdict/...` in its session run `hparams/`) -> values."""
+    acc = _events(run_dir / "hparams")
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def session_hparams(run_dir: Path) -> dict[str, bool | float | str]:
     """The hyperparameters of the run's HPARAMS session, as written to its events."""
     from google.protobuf.json_format import MessageToDict
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import metadata
 
-    acc = EventAccumulator(str(run_dir))
-    acc.Reload()
+    acc = _events(run_dir / "hparams")
     content = acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content
     info = metadata.parse_session_start_info_plugin_data(content)
     return {k: MessageToDict(v) for k, v in info.hparams.items()}

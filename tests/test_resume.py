@@ -12,7 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from conftest import CONF, REPO, run_cli
+from conftest import CONF, REPO, run_cli, scalar_steps
 from fasttrain.checkpoints.resume import checkpoint_to_resume
 from fasttrain.config.errors import UserError
 
@@ -95,14 +95,6 @@ def test_sigterm_then_sigkill_then_resume_is_bit_exact(reference, tmp_path: Path
     # except the redone 12-14.
     steps = scalar_steps(run, "train/loss_step")
     assert sorted(set(steps)) == list(range(0, STEPS, 2))
-
-
-def scalar_steps(run: Path, tag: str) -> list[int]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [e.step for e in acc.Scalars(tag)]
 
 
 @pytest.mark.slow

@@ -1,5 +1,9 @@
 """Short runs read back through a real TensorBoard server over its HTTP data API, as a user's
-browser reads them: run names, scalars and their steps, the Custom Scalars layout, HPARAMS."""
+browser reads them: run names, scalars and their steps, the Custom Scalars layout, HPARAMS; and
+the pages as headless Chromium renders them (where it is installed).
+
+Where TensorBoard holds a run (fasttrain.callbacks.board): the run folder (training curves,
+`vitals/`), `<run>/val` (validation curves), `<run>/hparams` (the HPARAMS session, `verdict/`)."""
 
 from __future__ import annotations
 
@@ -85,14 +89,14 @@ def server(log_dir: Path) -> Iterator[str]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if len(get_json(f"{url}/data/plugin/scalars/tags")) == 3:
+                if len(get_json(f"{url}/data/plugin/scalars/tags")) == 3 * 3:
                     break
             except OSError:
                 pass
             assert proc.poll() is None, "tensorboard exited"
             time.sleep(0.5)
         else:
-            pytest.fail("tensorboard did not list the 3 runs within 60 s")
+            pytest.fail("tensorboard did not list the 3 runs (x3) within 60 s")
         yield url
     finally:
         proc.terminate()
@@ -107,15 +111,30 @@ def steps(server: str, run: str, tag: str) -> list[int]:
     return [step for _, step, _ in get_json(f"{server}/data/plugin/scalars/scalars?{query}")]
 
 
+SUBRUNS = ("/val", "/hparams")
+
+
+def runs(server: str) -> list[str]:
+    """The training runs TensorBoard lists (their val/ and hparams/ runs left out)."""
+    return sorted(r for r in get_json(f"{server}/data/plugin/scalars/tags")
+                  if not r.endswith(SUBRUNS))  # fmt: skip
+
+
 def cli_runs(server: str) -> list[str]:
-    return sorted(r for r in get_json(f"{server}/data/plugin/scalars/tags") if "resumed" not in r)
+    return [r for r in runs(server) if "resumed" not in r]
+
+
+def tags_of(server: str, run: str) -> set[str]:
+    return set(get_json(f"{server}/data/plugin/scalars/tags").get(run, {}))
 
 
 def test_runs_are_listed_as_task_time_overrides(server: str, log_dir: Path) -> None:
-    runs = sorted(get_json(f"{server}/data/plugin/scalars/tags"))
+    listed = sorted(get_json(f"{server}/data/plugin/scalars/tags"))
     names = [d.name for d in run_dirs(log_dir)]
-    # No /tensorboard or version_0 below the run folder (the resumed run has no .hydra/).
-    assert runs == sorted(f"train/{n}" for n in [*names, "resumed"])
+    # No /tensorboard or version_0 below the run folder (the resumed run has no .hydra/); its
+    # validation curves and its HPARAMS session each a run below it.
+    expected = [f"train/{n}" for n in [*names, "resumed"]]
+    assert listed == sorted(f"{r}{sub}" for r in expected for sub in ("", *SUBRUNS))
     time_ = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
     for extra in (RUN_A, RUN_B):
         overrides = ",".join(sorted(o.replace("/", ".") for o in [*BASE, *extra]))
@@ -127,23 +146,25 @@ def test_runs_are_listed_as_task_time_overrides(server: str, log_dir: Path) -> N
 
 
 def test_one_step_convention_and_every_n_exactly(server: str) -> None:
-    for run in get_json(f"{server}/data/plugin/scalars/tags"):
-        tags = get_json(f"{server}/data/plugin/scalars/tags")[run]
+    for tags in get_json(f"{server}/data/plugin/scalars/tags").values():
         assert "epoch" not in tags and not any(t.startswith(("hp/", "lr-")) for t in tags)
+    for run in runs(server):
         # One point at the run's last optimizer step (2 epochs x 5); the resumed run has one
         # for each part it ran.
-        last = steps(server, run, "final/test/acc")
+        last = steps(server, f"{run}/hparams", "verdict/final/test/acc")
         assert last == ([5, 10] if run.endswith("/resumed") else [10])
-        assert steps(server, run, "test/acc") == last
         end = last[-1]
         # Every N optimizer steps exactly, epoch ends included (none dropped, none late).
-        assert steps(server, run, "grad_norm/total") == list(range(0, end, GRAD_EVERY))
-        assert steps(server, run, "train/loss_step") == list(range(0, end, EVERY))
-        assert steps(server, run, "lr") == list(range(0, end, EVERY))
+        assert steps(server, run, "vitals/grad_norm/total") == list(range(0, end, GRAD_EVERY))
+        assert steps(server, run, "learning/loss") == list(range(0, end, EVERY))  # per step
+        assert steps(server, run, "vitals/lr") == list(range(0, end, EVERY))
         # Throughput over the N steps that end at N, 2N, ...: the same x.
-        assert steps(server, run, "perf/samples_per_sec") == list(range(EVERY, end + 1, EVERY))
+        throughput = steps(server, run, "vitals/perf/samples_per_sec")
+        assert throughput == list(range(EVERY, end + 1, EVERY))
         # Per epoch: at the optimizer steps completed when validation ran.
-        assert steps(server, run, "val/acc") == steps(server, run, "train/loss_epoch") == [5, 10]
+        assert steps(server, f"{run}/val", "learning/acc") == [5, 10]
+        assert steps(server, run, "learning/acc") == steps(server, run, "metrics/loss_epoch")
+        assert steps(server, run, "learning/acc") == [5, 10]
 
 
 def test_custom_scalars_layout_opens_on_train_vs_val(server: str) -> None:
@@ -151,24 +172,28 @@ def test_custom_scalars_layout_opens_on_train_vs_val(server: str) -> None:
     charts = {c["title"]: c["multiline"]["tag"] for cat in layout["category"] for c in cat["chart"]}
     first = layout["category"][0]["chart"][0]
     assert first["title"] == "loss: train vs val"
-    tags = get_json(f"{server}/data/plugin/scalars/tags")[cli_runs(server)[0]]
+    run = cli_runs(server)[0]
+    tags = {(sub, t) for sub in ("", "/val") for t in tags_of(server, run + sub)}
 
-    def shown(title: str) -> set[str]:
-        return {t for t in tags if any(re.search(rx, t) for rx in charts[title])}
+    def shown(title: str) -> set[tuple[str, str]]:
+        return {(sub, t) for sub, t in tags if any(re.search(rx, t) for rx in charts[title])}
 
-    assert shown("loss: train vs val") == {"train/loss_step", "train/loss_epoch", "val/loss"}
-    assert shown("accuracy: train vs val") == {"train/acc", "val/acc", "val/acc_best"}
-    assert shown("learning rate") == {"lr"}
-    assert shown("gradient norm (total, before clipping)") == {"grad_norm/total"}
-    assert shown("throughput (samples/s)") == {"perf/samples_per_sec"}
-    assert shown("share of step time waiting for data") == {"perf/data_wait_share"}
+    # training (the run) vs validation (its val/ run) on one chart
+    assert shown("loss: train vs val") == {("", "learning/loss"), ("", "metrics/loss_epoch"),
+                                          ("/val", "learning/loss")}  # fmt: skip
+    assert shown("accuracy: train vs val") == {("", "learning/acc"), ("/val", "learning/acc"),
+                                              ("/val", "metrics/acc_best")}  # fmt: skip
+    assert shown("learning rate") == {("", "vitals/lr")}
+    assert shown("gradient norm (total, before clipping)") == {("", "vitals/grad_norm/total")}
+    assert shown("throughput (samples/s)") == {("", "vitals/perf/samples_per_sec")}
+    assert shown("share of step time waiting for data") == {("", "vitals/perf/data_wait_share")}
 
 
 def test_grad_norm_total_comes_first_and_layers_say_their_type(server: str) -> None:
-    tags = sorted(get_json(f"{server}/data/plugin/scalars/tags")[cli_runs(server)[0]])
-    grads = [t for t in tags if t.startswith("grad_norm")]
-    assert grads[0] == "grad_norm/total"
-    assert "grad_norm_layers/net.layers.1.weight (Linear)" in grads
+    tags = sorted(tags_of(server, cli_runs(server)[0]))
+    grads = [t for t in tags if t.startswith("vitals/grad_norm")]
+    assert grads[0] == "vitals/grad_norm/total"
+    assert "vitals/grad_norm_layers/net.layers.1.weight (Linear)" in grads
 
 
 def session_groups(server: str) -> list[dict]:
@@ -191,15 +216,23 @@ def test_hparams_one_typed_session_per_run(server: str) -> None:
     assert infos["trainer.deterministic"]["type"] == "DATA_TYPE_BOOL"
     assert infos["model.optimizer.lr"]["type"] == "DATA_TYPE_FLOAT64"
     assert infos["trainer.precision"]["type"] == "DATA_TYPE_STRING"
-    metrics = {m["name"]["tag"] for m in exp["metricInfos"]}
-    assert {"final/test/acc", "final/val/acc_best", "final/perf/samples_per_sec",
-            "final/perf/data_wait_share", "final/perf/host_peak_rss_gb"} <= metrics  # fmt: skip
+    # The chosen results only, in the order TensorBoard shows them (it ticks the first five
+    # and colours the parallel coordinates by the first): the monitor's best, the other final
+    # val/test values, then the performance summary. No curves, no per-layer norms.
+    metrics = [m["name"]["tag"] for m in exp["metricInfos"]]
+    assert all(m["name"]["group"] == "" for m in exp["metricInfos"])
+    assert metrics[0] == "verdict/best/val/acc"
+    assert metrics[1:5] == ["verdict/final/test/acc", "verdict/final/test/loss",
+                            "verdict/final/val/acc", "verdict/final/val/loss"]  # fmt: skip
+    assert {"verdict/perf/samples_per_sec", "verdict/perf/data_wait_share",
+            "verdict/perf/host_peak_rss_gb"} <= set(metrics[5:])  # fmt: skip
+    assert all(m.startswith("verdict/perf/") for m in metrics[5:])
 
     groups = session_groups(server)
     assert len(groups) == 3 and all(len(g["sessions"]) == 1 for g in groups)  # resumed: once
     by_run = {g["sessions"][0]["name"]: g for g in groups}
-    assert set(by_run) == set(get_json(f"{server}/data/plugin/scalars/tags"))
-    a, b = (by_run[r] for r in cli_runs(server))
+    assert set(by_run) == {f"{r}/hparams" for r in runs(server)}
+    a, b = (by_run[f"{r}/hparams"] for r in cli_runs(server))
     assert (a["hparams"]["seed"], b["hparams"]["seed"]) == (7, 42)
     assert (
         b["hparams"]["model.optimizer.lr"] == 0.01 and b["hparams"]["trainer.deterministic"] is True
@@ -212,7 +245,8 @@ def test_hparams_one_typed_session_per_run(server: str) -> None:
         assert session["status"] == "STATUS_SUCCESS"
         assert 0 < session["startTimeSecs"] < session["endTimeSecs"]
         values = {m["name"]["tag"]: m["value"] for m in session["metricValues"]}
-        assert 0 <= values["final/test/acc"] <= 1 and values["final/perf/samples_per_sec"] > 0
+        assert 0 <= values["verdict/final/test/acc"] <= 1
+        assert values["verdict/perf/samples_per_sec"] > 0
 
 
 @pytest.mark.slow  # 10-15 s of processes: CI runs it in make test-slow
@@ -241,24 +275,60 @@ def pinned_in(printed: str) -> list[str]:
 
 
 def test_the_printed_view_pins_loss_and_the_monitor_first(server: str) -> None:
-    # two to a row: training vs validation loss, then the monitored metric beside its twin
+    # the loss, then the monitored metric: each training (the run) vs validation (its val/)
     pinned = pinned_in(PRINTED[0])
-    assert pinned == ["train/loss_step", "val/loss", "train/acc", "val/acc"]
+    assert pinned == ["learning/loss", "learning/acc"]
     run = cli_runs(server)[0]
-    assert set(pinned) <= set(get_json(f"{server}/data/plugin/scalars/tags")[run])
+    assert set(pinned) <= tags_of(server, run) & tags_of(server, run + "/val")
 
 
-@pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs headless Chromium (apt)")
-def test_the_view_opens_on_the_pinned_charts_in_a_browser(server: str) -> None:
-    (link,) = [ln.split()[1] for ln in PRINTED[0].splitlines() if ln.startswith("view ")]
-    url = server + link.removeprefix("http://127.0.0.1:6006")  # this test's server
+def rendered(url: str) -> str:
+    """The page at `url` as headless Chromium renders it (1400 x 1100), its DOM as text."""
     proc = subprocess.run(
         ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1100",
          "--virtual-time-budget=15000", "--dump-dom", url],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    page = proc.stdout
+    return proc.stdout
+
+
+def cards_and_runs(page: str) -> list[tuple[str, list[str]]]:
+    """The scalar cards the Time Series page drew, in page order, each with the runs of its
+    data table (one row per line drawn)."""
+    found = []
+    for card in re.split(r'(?=<tb-truncated-path[^>]*class="tag")', page)[1:]:
+        tag = re.search(r'title="([^"]+)"', card)
+        rows = re.findall(r'class="cell extra-right-padding ng-star-inserted"> (\S+) <', card)
+        found.append((tag[1] if tag else "", [r for r in rows if r.startswith("train/")]))
+    return found
+
+
+needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None,
+                                    reason="needs headless Chromium (apt)")  # fmt: skip
+
+
+@pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
+@needs_chromium
+def test_time_series_opens_on_train_vs_val_loss_and_the_monitor(server: str) -> None:
+    page = rendered(server + "/#timeseries")  # as `make tensorboard` opens it: no link state
+    groups = re.findall(r'class="group-title" title="([^"]+)"', page)
+    assert groups == ["learning", "metrics", "verdict", "vitals"], page[-2000:]
+    # The two groups TensorBoard opens (the first two) are drawn; the rest stay closed.
+    cards = cards_and_runs(page)
+    tags = [tag for tag, _ in cards]
+    assert tags[:2] == ["learning/acc", "learning/loss"], tags
+    assert all(t.startswith(("learning/", "metrics/")) for t in tags), tags
+    # Each of the first two: a training line (the run) and a validation line (its val/ run).
+    for tag, rows in cards[:2]:
+        for run in cli_runs(server):
+            assert run in rows and f"{run}/val" in rows, (tag, rows)
+
+
+@pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
+@needs_chromium
+def test_the_view_opens_on_the_pinned_charts_in_a_browser(server: str) -> None:
+    (link,) = [ln.split()[1] for ln in PRINTED[0].splitlines() if ln.startswith("view ")]
+    page = rendered(server + link.removeprefix("http://127.0.0.1:6006"))  # this test's server
     assert ">Pinned<" in page, page[-2000:]
     # The Time Series page as rendered: the pinned group first, its cards in the link's order.
     pinned_group = page[page.index(">Pinned<") : page.index('class="group-title" title=')]
@@ -309,3 +379,29 @@ def test_compared_hparams_typed_without_plumbing() -> None:
     }  # fmt: skip
     many = compared_hparams({f"k{i}": i for i in range(40)}, [f"k{i}={i}" for i in range(40)])
     assert len(many) == MAX_HPARAMS
+
+
+def test_tensorboard_names_read_back_as_logged() -> None:
+    from fasttrain.callbacks.board import logged_name, tensorboard_pattern, tensorboard_place
+
+    # the phase is the run, the group what the chart is; the monitor's chart is a `learning/` one
+    placed = {name: tensorboard_place(name, "val/mse") for name in (
+        "train/loss_step", "val/loss", "train/mse", "val/mse", "val/mse_best", "train/loss_epoch",
+        "val/r2", "lr", "lr/1", "perf/samples_per_sec", "grad_norm/total",
+        "grad_norm_layers/net.fc.weight", "debug/mine", "test/mse", "final/val/mse")}  # fmt: skip
+    assert placed["train/loss_step"] == ("", "learning/loss")
+    assert placed["val/loss"] == ("val", "learning/loss")
+    assert placed["train/mse"] == ("", "learning/mse")
+    assert placed["val/mse"] == ("val", "learning/mse")
+    assert placed["val/mse_best"] == ("val", "metrics/mse_best")
+    assert placed["train/loss_epoch"] == ("", "metrics/loss_epoch")
+    assert placed["val/r2"] == ("val", "metrics/r2")
+    assert placed["lr/1"] == ("", "vitals/lr/1") and placed["debug/mine"] == ("", "debug/mine")
+    assert placed["test/mse"] is None and placed["final/val/mse"] is None
+    for name, place in placed.items():
+        if place:
+            assert logged_name(*place) == name
+    # Another monitor moves its metric into the opened group; the loss stays there.
+    assert tensorboard_place("val/acc", "val/acc") == ("val", "learning/acc")
+    assert tensorboard_place("val/acc", "val/loss") == ("val", "metrics/acc")
+    assert tensorboard_pattern(r"^val/mse(_best)?$") == r"^(learning|metrics)/mse(_best)?$"

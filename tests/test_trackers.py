@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from test_reliability_run_sweeps import train
 
-from conftest import REPO, session_hparams
+from conftest import REPO, scalar_steps, session_hparams
 
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
@@ -39,14 +39,6 @@ def tracked(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
 
 def run_dir(where: Path) -> Path:
     return where / "logs" / "train" / "T"
-
-
-def tensorboard_steps(folder: Path, tag: str) -> list[int]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [e.step for e in acc.Scalars(tag)]
 
 
 def recorded(where: Path) -> dict[str, Any]:
@@ -87,7 +79,7 @@ def test_mlflow_keeps_the_run_as_tensorboard_does(tracked) -> None:
     # one step convention: x = optimizer steps completed, as in TensorBoard
     for tag in ("val/acc", "train/loss_step", "lr"):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, tag)]
-        assert steps == tensorboard_steps(run_dir(where), tag), tag
+        assert steps == scalar_steps(run_dir(where), tag), tag
     assert "epoch" not in run.data.metrics
 
 
@@ -188,7 +180,7 @@ def test_wandb_offline_run_keeps_the_run_as_tensorboard_does(tracked) -> None:
                for r in of_kind(records, "history")]  # fmt: skip
     for tag in ("val/acc", "train/loss_step"):
         steps = [row["trainer/global_step"] for row in history if tag in row]
-        assert steps == tensorboard_steps(run_dir(where), tag), tag
+        assert steps == scalar_steps(run_dir(where), tag), tag
     assert not any("epoch" in row for row in history)
     assert of_kind(records, "exit"), "the run was not finished"
 
@@ -242,7 +234,7 @@ def test_a_continued_run_goes_on_as_the_same_tracked_run(tracked) -> None:
     assert "Restored all states" in again.stderr
     client, run = mlflow_run(where)  # still one MLflow run, now with the third epoch
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "val/acc")]
-    assert steps == tensorboard_steps(run_dir(where), "val/acc") and len(steps) == 3
+    assert steps == scalar_steps(run_dir(where), "val/acc") and len(steps) == 3
     first, second = wandb_run_files(where)  # one offline folder per process, one W&B run id
     assert first.name == second.name
     history = [r.history for r in of_kind(wandb_records(second), "history")]

@@ -115,6 +115,7 @@ def build_run(
     for logger in loggers:  # TensorBoard's layout: the task's own charts (fasttrain.models.task)
         if hasattr(logger, "task_charts"):
             logger.task_charts = dict(getattr(model, "charts", {}))
+            logger.monitor = getattr(model, "monitor", None)  # its chart opens the page
     extra = fsdp_wrapping(cfg.trainer.get("strategy"), model)
     trainer = build(cfg.trainer, "trainer", callbacks=every, logger=loggers or False,
                     plugins=[AtomicCheckpointIO()], **extra)  # fmt: skip

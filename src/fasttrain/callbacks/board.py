@@ -6,9 +6,25 @@
   train vs val loss and accuracy on one chart each, throughput, data wait, memory, learning
   rate, total gradient norm).
 - `LearningRate`: the learning rate, the one place it is logged.
-- `start_session` / `end_session`: the run's HPARAMS session, written when it starts (a killed
-  run is listed too) and closed with `final/*` scalars at its last step.
+- `start_session` / `end_session`: the run's HPARAMS session, in a run of its own
+  (`<run>/hparams`), written when the run starts (a killed run is listed too) and closed at its
+  last step.
 - `compared_hparams`: what that session lists: the knobs people compare and the overrides.
+
+What the Time Series page opens on. TensorBoard draws one chart per tag, a line per run; it
+sorts tag groups (a tag's part before its first `/`) by name and expands the first two. So
+TensorBoard files a run's scalars (`tensorboard_place`) as Keras does, the phase as a run and
+the quantity as the tag, and names the groups so that the two it opens are the answer:
+- `learning/`: the loss and the task's monitored metric, training (the run folder's own events;
+  the per-step loss) vs validation (`<run>/val`) on one chart each;
+- `metrics/`: the task's other curves (`metrics/loss_epoch`, `metrics/acc_best`, ...);
+- `verdict/`: the run's results, the HPARAMS tab's metrics, in the session's run (`verdict_tag`):
+  `verdict/best/<monitor>` (the `<monitor>_best` value) first, then `verdict/final/{val,test}/*`,
+  then `verdict/perf/*` (TensorBoard lists a session's metrics by name, shows the first five
+  and colours by the first). The session's run holds nothing else, so per-layer norms and
+  other curves stay out of that list; test values are single points, so they are only there;
+- `vitals/`: fasttrain's run-health scalars (`perf/*`, `grad_norm*/*`, `lr`).
+Other trackers (CSV, MLflow, W&B) keep the names as logged; so does the run's `metrics.json`.
 
 One step convention for every scalar: x is the number of optimizer steps completed when the
 value was measured (`trainer.global_step`). Values logged every N steps land on multiples of N:
@@ -20,6 +36,7 @@ test values at the step where they were measured.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.parse
@@ -28,27 +45,31 @@ from typing import Any, cast
 
 import lightning as L
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 Value = bool | int | float | str
 
 # Custom Scalars: categories and charts in the order shown; each chart a list of tag regexes.
 LAYOUT: dict[str, dict[str, list[Any]]] = {
     "training": {
-        "loss: train vs val": ["Multiline", [r"^train/loss_(step|epoch)$", r"^val/loss$"]],
-        "learning rate": ["Multiline", [r"^lr(/.*)?$"]],
-        "gradient norm (total, before clipping)": ["Multiline", [r"^grad_norm/total$"]],
+        "loss: train vs val": ["Multiline", [r"^learning/loss$", r"^metrics/loss_epoch$"]],
+        "learning rate": ["Multiline", [r"^vitals/lr(/.*)?$"]],
+        "gradient norm (total, before clipping)": ["Multiline", [r"^vitals/grad_norm/total$"]],
     },
     "speed": {
-        "throughput (samples/s)": ["Multiline", [r"^perf/samples_per_sec$"]],
-        "share of step time waiting for data": ["Multiline", [r"^perf/data_wait_share$"]],
-        "step time (ms)": ["Multiline", [r"^perf/step_time_ms$"]],
-        "CPU use (%)": ["Multiline", [r"^perf/cpu_util_pct$"]],
+        "throughput (samples/s)": ["Multiline", [r"^vitals/perf/samples_per_sec$"]],
+        "share of step time waiting for data": ["Multiline", [r"^vitals/perf/data_wait_share$"]],
+        "step time (ms)": ["Multiline", [r"^vitals/perf/step_time_ms$"]],
+        "CPU use (%)": ["Multiline", [r"^vitals/perf/cpu_util_pct$"]],
     },
 }
 # Logged on CUDA only (fasttrain.callbacks.perf): a chart of them on a CPU run would stay empty.
 CUDA_LAYOUT: dict[str, list[Any]] = {
-    "device memory (GB)": ["Multiline", [r"^perf/(mem_allocated_gb|mem_peak_gb|gpu_mem_used_gb)$"]],
-    "MFU and GPU use": ["Multiline", [r"^perf/mfu$", r"^perf/gpu_util_pct$"]],
+    "device memory (GB)": [
+        "Multiline",
+        [r"^vitals/perf/(mem_allocated_gb|mem_peak_gb|gpu_mem_used_gb)$"],
+    ],
+    "MFU and GPU use": ["Multiline", [r"^vitals/perf/mfu$", r"^vitals/perf/gpu_util_pct$"]],
 }
 
 
@@ -58,16 +79,96 @@ def layout(
     """The Custom Scalars layout of a run: the task's `charts` (title -> tag regexes) after the
     loss chart; the memory and MFU charts where they are logged."""
     loss, *rest = LAYOUT["training"].items()
-    own = [(title, ["Multiline", list(tags)]) for title, tags in (charts or {}).items()]
+    own = [(title, ["Multiline", [tensorboard_pattern(t) for t in tags]])
+           for title, tags in (charts or {}).items()]  # fmt: skip
     chosen = {**LAYOUT, "training": dict([loss, *own, *rest])}
     if cuda:
         chosen["speed"] = {**LAYOUT["speed"], **CUDA_LAYOUT}
     return chosen
 
 
+# The HPARAMS session's run, below the run folder: its events hold the session and `verdict/*`.
+SESSION_RUN = "hparams"
+# fasttrain's run-health scalars (fasttrain.callbacks.perf, grad_health; LearningRate).
+VITALS = ("perf/", "grad_norm/", "grad_norm_layers/", "lr/")
+
+
+def tensorboard_place(name: str, monitor: str | None = None) -> tuple[str, str] | None:
+    """(run, tag) of a logged scalar in TensorBoard: run "" is the run folder, "val" its
+    `val/` subfolder; None: shown in the session's run only (test values and `final/*`).
+    train/loss_step -> ("", "learning/loss"), val/acc -> ("val", "learning/acc") when the
+    monitor is val/acc, val/acc_best -> ("val", "metrics/acc_best"), lr -> ("", "vitals/lr");
+    a group of the user's own (`debug/x`) stays as logged."""
+    if name.startswith(("test/", "final/")):
+        return None
+    if name == "lr" or name.startswith(VITALS):
+        return "", f"vitals/{name}"
+    phase, _, quantity = name.partition("/")
+    if phase not in ("train", "val") or not quantity:
+        return "", name
+    if quantity == "loss_step":  # the per-step loss: the training line of the loss chart
+        quantity = "loss"
+    answer = {"loss", (monitor or "").partition("/")[2]}
+    group = "learning" if quantity in answer else "metrics"
+    return ("" if phase == "train" else "val"), f"{group}/{quantity}"
+
+
+def tensorboard_pattern(pattern: str) -> str:
+    """A chart's tag regex over logged names (`^val/mse(_best)?$`) as one over TensorBoard's
+    tags (`^(learning|metrics)/mse(_best)?$`: the phase is the run)."""
+    return re.sub(r"^\^(train|val)/", "^(learning|metrics)/", pattern)
+
+
+def logged_name(subrun: str, tag: str) -> str:
+    """The name a scalar was logged under, from where TensorBoard holds it (the inverse of
+    `tensorboard_place`): ("val", "learning/acc") -> val/acc, ("", "learning/loss") ->
+    train/loss_step, ("", "vitals/lr") -> lr."""
+    if tag.startswith("vitals/"):
+        return tag.removeprefix("vitals/")
+    group, _, quantity = tag.partition("/")
+    if group not in ("learning", "metrics"):
+        return tag
+    if subrun == "val":
+        return f"val/{quantity}"
+    return "train/loss_step" if tag == "learning/loss" else f"train/{quantity}"
+
+
+def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
+    """A run's TensorBoard curves (its folder and its val/ run) by the name logged ->
+    (step, value) in step order; the results are in `<run>/hparams` (`verdict/*`)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found: dict[str, list[tuple[int, float]]] = {}
+    for subrun in ("", "val"):
+        folder = os.path.join(run_dir, subrun)
+        if not os.path.isdir(folder):
+            continue
+        acc = EventAccumulator(folder, size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            found[logged_name(subrun, tag)] = [(e.step, e.value) for e in acc.Scalars(tag)]
+    return found
+
+
+def verdict_tag(name: str) -> str | None:
+    """The session's metric a logged scalar is, or None: val/acc_best -> verdict/best/val/acc;
+    val/acc, test/acc (and their final/ values) -> verdict/final/...; final/perf/x (the run's
+    performance summary) -> verdict/perf/x."""
+    final = name.startswith("final/")
+    name = name.removeprefix("final/")
+    if name.startswith("val/") and name.endswith("_best"):
+        return "verdict/best/" + name.removesuffix("_best")
+    if name.startswith(("val/", "test/")):
+        return "verdict/final/" + name
+    if final and name.startswith("perf/"):  # the run's summary, not every window's value
+        return "verdict/" + name
+    return None
+
+
 class RunLogger(TensorBoardLogger):
     """TensorBoardLogger writing into `save_dir` itself (no name/version subfolders), without the
-    `epoch` scalar Lightning adds to every logging call, and with the Custom Scalars layout.
+    `epoch` scalar Lightning adds to every logging call, with the Custom Scalars layout, and the
+    tags filed as the module's docstring says (the session's values in `save_dir/hparams`).
 
     Args:
         save_dir: the run folder.
@@ -82,6 +183,22 @@ class RunLogger(TensorBoardLogger):
         # The task's own charts (fasttrain.models.task `charts`), set by whoever builds the run
         # (fasttrain.assemble.build_run) before the first event is written.
         self.task_charts: dict[str, list[str]] = {}
+        self.monitor: str | None = None  # the task's monitored metric, set there too
+        self._subruns: dict[str, Any] = {}  # subfolder -> its SummaryWriter, on rank zero
+        self._verdict_steps: dict[str, int] = {}  # tag -> the step last written
+
+    def subrun(self, name: str) -> Any:
+        """The SummaryWriter of the run `save_dir/<name>` (`val`, `hparams`)."""
+        if name not in self._subruns:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._subruns[name] = SummaryWriter(os.path.join(self.save_dir, name), **self._kwargs)
+        return self._subruns[name]
+
+    @property
+    def session_writer(self) -> Any:
+        """The SummaryWriter of the HPARAMS session's run (`save_dir/hparams`)."""
+        return self.subrun(SESSION_RUN)
 
     @property
     def experiment(self) -> Any:
@@ -93,8 +210,42 @@ class RunLogger(TensorBoardLogger):
             writer.add_custom_scalars(layout(torch.cuda.is_available(), self.task_charts))
         return writer
 
+    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+        by_run: dict[str, dict[str, Any]] = {"": {}, "val": {}}
+        results: dict[str, Any] = {}
+        for name, value in metrics.items():
+            place = tensorboard_place(name, self.monitor) if name != "epoch" else None
+            if place:
+                by_run[place[0]][place[1]] = value
+            result = verdict_tag(name)
+            if result:
+                results[result] = value
+        if by_run[""]:
+            super().log_metrics(by_run[""], step)
+        if by_run["val"]:  # Lightning's logger connector hands plain numbers
+            writer = self.subrun("val")
+            for tag, value in by_run["val"].items():
+                writer.add_scalar(tag, float(value), step)
+        if results:
+            self._log_verdict(results, step or 0)
+
+    def _log_verdict(self, values: Mapping[str, Any], step: int) -> None:
+        # Written as validation and test log them (a killed run is listed as far as it got),
+        # then again by end_session's final values: each tag once per step.
+        writer = self.session_writer
+        for tag, value in values.items():
+            if self._verdict_steps.get(tag) != step:
+                writer.add_scalar(tag, float(value), step)
+                self._verdict_steps[tag] = step
+        writer.flush()
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        for writer in self._subruns.values():
+            writer.close()
+        self._subruns.clear()
 
 
 class LearningRate(L.Callback):
@@ -196,18 +347,11 @@ def _typed(value: Any) -> Value:
 
 
 def pinned_tags(monitor: str | None, logged: Collection[str]) -> list[str]:
-    """The charts the Time Series view opens on, two to a row: training vs validation loss,
-    then the monitored metric beside its training twin (train/<name> beside val/<name>).
-
-    TensorBoard orders the groups below alphabetically and opens the first two; pinned cards
-    come before them all, and a link can carry them (`view_url`).
-    """
-    wanted = ["train/loss_step", "val/loss"]
-    if monitor and monitor != "val/loss":
-        wanted += ["train/" + monitor.split("/", 1)[-1], monitor]
-    # The per-step loss goes straight to the loggers (fasttrain.models.task), past `logged`.
-    present = {*logged, "train/loss_step"} if "train/loss_epoch" in logged else set(logged)
-    return [tag for tag in wanted if tag in present]
+    """The charts the printed `view` link pins: the loss, then the monitored metric (each
+    training vs validation), of the values the run logged."""
+    wanted = ["val/loss", monitor] if monitor and monitor != "val/loss" else ["val/loss"]
+    tags = [tensorboard_place(name, monitor) for name in wanted if name in logged]
+    return [place[1] for place in tags if place]
 
 
 def view_url(tags: Sequence[str], port: int = 6006) -> str:
@@ -224,21 +368,23 @@ def trial_id(run_name: str) -> str:
 
 
 def _writers(loggers: Sequence[Logger]) -> list[Any]:
-    # The TensorBoard loggers' SummaryWriters, on rank zero only (elsewhere a dummy). torch's
-    # SummaryWriter has no public call that writes a prepared Summary; `_get_file_writer` is the
-    # one Lightning's own TensorBoardLogger.log_hyperparams uses (tests/test_tensorboard.py
-    # reads the sessions back, so a change there fails loudly).
+    # The file writers of the HPARAMS session's run, on rank zero only: a RunLogger's session
+    # run, another TensorBoardLogger's own folder. torch's SummaryWriter has no public call that
+    # writes a prepared Summary; `_get_file_writer` is the one Lightning's own
+    # TensorBoardLogger.log_hyperparams uses (tests/test_tensorboard.py reads the sessions back,
+    # so a change there fails loudly).
+    if getattr(rank_zero_only, "rank", 0) != 0:
+        return []
     tb = [lg for lg in loggers if isinstance(lg, TensorBoardLogger)]
-    writers = [lg.experiment for lg in tb]
-    # On ranks > 0 `experiment` is Lightning's dummy, whose every method returns None.
-    files = [w._get_file_writer() for w in writers if hasattr(w, "_get_file_writer")]
-    return [f for f in files if f is not None]
+    writers = [lg.session_writer if isinstance(lg, RunLogger) else lg.experiment for lg in tb]
+    return [w._get_file_writer() for w in writers]
 
 
 def start_session(loggers: Sequence[Logger], hparams: Mapping[str, Value], trial: str) -> None:
     """The HPARAMS session of this run, written before training: a run killed later is listed
-    too, its metrics (the last value of each scalar) as far as it got. A resumed run writes it
-    again into the same folder; TensorBoard keeps the first, so the run stays one session."""
+    too, its metrics as far as it got (RunLogger writes them as validation logs them). A
+    resumed run writes it again into the same folder; TensorBoard keeps the first, so the run
+    stays one session."""
     from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 
     summary = hparams_pb(dict(hparams), trial_id=trial, start_time_secs=time.time())
@@ -248,8 +394,8 @@ def start_session(loggers: Sequence[Logger], hparams: Mapping[str, Value], trial
 
 
 def end_session(loggers: Sequence[Logger], final: Mapping[str, float], step: int) -> None:
-    """The run's final values as `final/<name>` scalars at its last step (the HPARAMS tab's
-    metric columns), and the session closed as a success with its end time."""
+    """The run's final values at its last step (the HPARAMS tab's metric columns: `verdict/*`
+    in TensorBoard), and the session closed as a success with its end time."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 

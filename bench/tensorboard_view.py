@@ -3,9 +3,9 @@
     python bench/tensorboard_view.py          # writes bench/results/tensorboard/*.png
 
 Two short runs that differ (SmallCNN and MLP on digits, 3 epochs each) in a temporary folder,
-a TensorBoard server on 127.0.0.1 over them, then Chromium (`apt install chromium`) at
-1400 x 1100 on the Time Series page and on HPARAMS, no link state: what `make tensorboard`
-opens. Headless Chromium often leaves the chart lines undrawn (axes and legends are there);
+a TensorBoard server on 127.0.0.1 over them, then Chromium (`apt install chromium`) on the
+Time Series page (1400 x 1100) and on HPARAMS (2800 wide, to show its metric columns), no
+link state: what `make tensorboard` opens. Headless Chromium often leaves the chart lines undrawn (axes and legends are there);
 tests/test_tensorboard.py checks the same pages' structure.
 """
 
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "tensorboard"
 RUNS = (["model=mlp"], [])
 COMMON = ["trainer.max_epochs=3", "data.num_workers=0"]
-PAGES = {"time_series": "#timeseries", "hparams": "#hparams"}
+# page -> (its address, the window): HPARAMS wide enough to show its metric columns
+PAGES = {"time_series": ("#timeseries", "1400,1100"), "hparams": ("#hparams", "2800,700")}
 
 
 def free_port() -> int:
@@ -56,9 +57,9 @@ def serve(log_dir: Path, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("tensorboard did not answer within 60 s")
 
 
-def screenshot(url: str, path: Path) -> None:
+def screenshot(url: str, window: str, path: Path) -> None:
     subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1100",
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={window}",
          "--virtual-time-budget=20000", f"--screenshot={path}", url],
         check=True, capture_output=True, timeout=180,
     )  # fmt: skip
@@ -75,8 +76,8 @@ def main() -> None:
         server = serve(log_dir, port)
         try:
             time.sleep(3)  # the server's first load of the event files
-            for name, page in PAGES.items():
-                screenshot(f"http://127.0.0.1:{port}/{page}", OUT / f"{name}.png")
+            for name, (page, window) in PAGES.items():
+                screenshot(f"http://127.0.0.1:{port}/{page}", window, OUT / f"{name}.png")
                 print(OUT / f"{name}.png")
         finally:
             server.terminate()

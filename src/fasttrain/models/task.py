@@ -103,7 +103,8 @@ class Task(L.LightningModule):
     # ---- a task writes these -------------------------------------------------------------
     monitor: ClassVar[str] = "val/loss"
     monitor_mode: ClassVar[Literal["min", "max"]] = "min"
-    # Custom Scalars charts (title -> tag regexes) beside "loss: train vs val".
+    # Custom Scalars charts (title -> regexes over the names logged: `^val/mse$`; TensorBoard
+    # holds the phase as the run, fasttrain.callbacks.board) beside "loss: train vs val".
     charts: ClassVar[dict[str, list[str]]] = {}
     # Names of the per-epoch training means `train_sums` adds up (train/<name>), after the loss.
     train_sum_names: ClassVar[tuple[str, ...]] = ()

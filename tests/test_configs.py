@@ -190,9 +190,14 @@ SMOKE = [
     for f in CONFIG_FILES
     if f.split("/")[0] not in ("hydra", "paths") and f not in NEEDS_CKPT | NOT_TRAINING
 ]
+# ~25 s on a 2-core CPU (a 124M-parameter GPT-2): with the long tests, keeping the default suite
+# under 10 minutes; tests/test_language_model.py trains the small GPT by default.
+LONG_SMOKE = {"model/net/gpt2_small.yaml"}
 
 
-@pytest.mark.parametrize("rel", SMOKE)
+@pytest.mark.parametrize(
+    "rel", [pytest.param(f, marks=pytest.mark.slow) if f in LONG_SMOKE else f for f in SMOKE]
+)
 def test_config_smoke_runs(rel: str, tmp_path: Path) -> None:
     if rel in NEEDS_CUDA and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (the instantiate test checks the error without one)")

@@ -5,8 +5,8 @@
 Two short runs that differ (SmallCNN and MLP on digits, 3 epochs each) in a temporary folder,
 a TensorBoard server on 127.0.0.1 over them, then Chromium (`apt install chromium`) on the
 Time Series page (1400 x 1100) and on HPARAMS (2800 wide, to show its metric columns), no
-link state: what `make tensorboard` opens. Headless Chromium often leaves the chart lines undrawn (axes and legends are there);
-tests/test_tensorboard.py checks the same pages' structure.
+link state: what `make tensorboard` opens. Headless Chromium often leaves the chart lines
+undrawn (axes and legends are there); tests/test_tensorboard.py checks the pages' structure.
 """
 
 from __future__ import annotations

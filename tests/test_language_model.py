@@ -239,6 +239,7 @@ def test_a_short_run_logs_bpb_tokens_per_sec_and_mfu(trained_lm: tuple[Path, Pat
     assert 0 < perf["mfu"] < 1  # against the stated 1 TFLOP/s
 
 
+@pytest.mark.slow  # three predict processes (~20 s): CI runs it in make test-slow
 def test_predict_generates_the_same_text_for_a_seed(trained_lm: tuple[Path, Path]) -> None:
     root, ckpt = trained_lm
     texts = []

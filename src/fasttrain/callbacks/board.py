@@ -17,7 +17,7 @@ TensorBoard files a run's scalars (`tensorboard_place`) as Keras does, the phase
 the quantity as the tag, and names the groups so that the two it opens are the answer:
 - `learning/`: the loss and the task's monitored metric, training (the run folder's own events;
   the per-step loss) vs validation (`<run>/val`) on one chart each;
-- `metrics/`: the task's other curves (`metrics/loss_epoch`, `metrics/acc_best`, ...);
+- `metrics/`: the task's other curves (`metrics/loss_epoch`, `metrics/<monitor>_best`, ...);
 - `verdict/`: the run's results, the HPARAMS tab's metrics, in the session's run (`verdict_tag`):
   `verdict/best/<monitor>` (the `<monitor>_best` value) first, then `verdict/final/{val,test}/*`,
   then `verdict/perf/*` (TensorBoard lists a session's metrics by name, shows the first five
@@ -96,9 +96,9 @@ VITALS = ("perf/", "grad_norm/", "grad_norm_layers/", "lr/")
 def tensorboard_place(name: str, monitor: str | None = None) -> tuple[str, str] | None:
     """(run, tag) of a logged scalar in TensorBoard: run "" is the run folder, "val" its
     `val/` subfolder; None: shown in the session's run only (test values and `final/*`).
-    train/loss_step -> ("", "learning/loss"), val/acc -> ("val", "learning/acc") when the
-    monitor is val/acc, val/acc_best -> ("val", "metrics/acc_best"), lr -> ("", "vitals/lr");
-    a group of the user's own (`debug/x`) stays as logged."""
+    train/loss_step -> ("", "learning/loss"); val/<m> -> ("val", "learning/<m>") when the
+    monitor is val/<m>, else ("val", "metrics/<m>"); val/<m>_best -> ("val", "metrics/<m>_best");
+    lr -> ("", "vitals/lr"); a group of the user's own (`debug/x`) stays as logged."""
     if name.startswith(("test/", "final/")):
         return None
     if name == "lr" or name.startswith(VITALS):
@@ -121,7 +121,7 @@ def tensorboard_pattern(pattern: str) -> str:
 
 def logged_name(subrun: str, tag: str) -> str:
     """The name a scalar was logged under, from where TensorBoard holds it (the inverse of
-    `tensorboard_place`): ("val", "learning/acc") -> val/acc, ("", "learning/loss") ->
+    `tensorboard_place`): ("val", "learning/<m>") -> val/<m>, ("", "learning/loss") ->
     train/loss_step, ("", "vitals/lr") -> lr."""
     if tag.startswith("vitals/"):
         return tag.removeprefix("vitals/")
@@ -151,8 +151,8 @@ def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, f
 
 
 def verdict_tag(name: str) -> str | None:
-    """The session's metric a logged scalar is, or None: val/acc_best -> verdict/best/val/acc;
-    val/acc, test/acc (and their final/ values) -> verdict/final/...; final/perf/x (the run's
+    """The session's metric a logged scalar is, or None: val/<m>_best -> verdict/best/val/<m>;
+    val/<m>, test/<m> (and their final/ values) -> verdict/final/...; final/perf/x (the run's
     performance summary) -> verdict/perf/x."""
     final = name.startswith("final/")
     name = name.removeprefix("final/")

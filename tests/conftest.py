@@ -39,7 +39,7 @@ def final_metrics(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "metrics.json").read_text())["metrics"]
 
 
-def _events(folder: Path) -> Any:
+def _events(folder: Path) -> Any:  # one TensorBoard run folder, read whole
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
@@ -63,7 +63,9 @@ def scalar_steps(run_dir: Path, name: str) -> list[int]:
 
 def verdict(run_dir: Path) -> dict[str, list[float]]:
     """The run's HPARAMS metrics (`verdict/...` in its session run `hparams/`) -> values."""
-    acc = _events(run_dir / "hparams")
+    from fasttrain.callbacks.board import SESSION_RUN
+
+    acc = _events(run_dir / SESSION_RUN)
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
@@ -72,7 +74,9 @@ def session_hparams(run_dir: Path) -> dict[str, bool | float | str]:
     from google.protobuf.json_format import MessageToDict
     from tensorboard.plugins.hparams import metadata
 
-    acc = _events(run_dir / "hparams")
+    from fasttrain.callbacks.board import SESSION_RUN
+
+    acc = _events(run_dir / SESSION_RUN)
     content = acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content
     info = metadata.parse_session_start_info_plugin_data(content)
     return {k: MessageToDict(v) for k, v in info.hparams.items()}

@@ -16,6 +16,11 @@ left those lines alone, the project's own files and changes stay, and a line bot
 git conflict to resolve. `.template.json` records where the template came from and at which
 commit.
 
+Both copy the template as committed (`git archive`), never its working tree: uncommitted edits,
+untracked and ignored files (.env, data/) of the checkout are no part of it. Were they, the
+branch `template` would hold them and the next update, rendered without them, would delete or
+revert them in the project.
+
 Standard library only, so it runs before any environment exists.
 """
 
@@ -23,14 +28,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import json
 import keyword
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 TEMPLATE = "fasttrain"  # the package name this copy carries; `rename` replaces it
 # Its distribution name (pyproject, scripts, README title): the package name with hyphens, as
@@ -47,6 +56,8 @@ BRANCH = "template"  # in a new project's git: the template as rendered for it, 
 # README text that only holds in the template (how to copy it with copier, whose copier.yml is
 # not copied): between these markers, dropped from a copy's README.
 TEMPLATE_ONLY = re.compile(r"\n*<!-- template-only -->.*?<!-- /template-only -->\n*", re.S)
+# Extract archives with the "data" filter where this Python has it (3.10.12+, 3.11.4+).
+SAFE_TAR: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 
 
 class NewProjectError(Exception):
@@ -112,11 +123,36 @@ def check_dest(dest: Path) -> None:
         raise NewProjectError(f"destination {dest} exists and is not empty; choose a new folder")
 
 
+def excluded(name: str) -> bool:
+    return name in EXCLUDE or name.endswith((".egg-info", ".pyc"))
+
+
 def copy_tree(src: Path, dest: Path) -> None:
     def ignore(folder: str, names: list[str]) -> set[str]:
-        return {n for n in names if n in EXCLUDE or n.endswith((".egg-info", ".pyc"))}
+        return {n for n in names if excluded(n)}
 
     shutil.copytree(src, dest, ignore=ignore, dirs_exist_ok=True)
+
+
+def copy_commit(src: Path, commit: str, dest: Path) -> None:
+    """The files git tracks in `src` at `commit`, less EXCLUDE, into `dest`."""
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=src,
+                             capture_output=True)  # fmt: skip
+    if archive.returncode != 0:
+        said = archive.stderr.decode(errors="replace").strip().splitlines()
+        raise NewProjectError(f"git archive failed: {said[-1] if said else archive.returncode}")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        kept = [m for m in tar if not any(map(excluded, PurePosixPath(m.name).parts))]
+        tar.extractall(dest, members=kept, **SAFE_TAR)
+
+
+def note_uncommitted(src: Path, commit: str) -> None:
+    """Say so where the checkout differs from what was copied (ignored files aside)."""
+    changes = len(git(src, "status", "--porcelain").splitlines())
+    if changes:
+        print(f"note: copying the template as committed at {commit[:12]}; {changes} uncommitted "
+              f"change(s) in {src.resolve()} are not copied", file=sys.stderr)  # fmt: skip
 
 
 def _replace(text: str, package: str, project: str) -> str:
@@ -196,9 +232,17 @@ def git_init(root: Path, message: str) -> None:
 
 
 def template_commit(src: Path) -> str:
-    """The commit the template in `src` is at ("" where it is no git checkout)."""
-    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else ""
+    """The commit the template in `src` is at; "" where `src` is not the top of a git checkout
+    with a commit (an unpacked archive; a folder inside another repository, whose HEAD is not
+    the template's)."""
+    if shutil.which("git") is None:
+        return ""
+    proc = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=src,
+                          capture_output=True, text=True)  # fmt: skip
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != src.resolve():
+        return ""
+    return lines[1]
 
 
 def write_record(root: Path, source: str, commit: str, package: str, project: str,
@@ -211,18 +255,24 @@ def write_record(root: Path, source: str, commit: str, package: str, project: st
 def create(dest: Path, package: str, project: str = "", author: str = "", python: str = "",
            src: Path = ROOT, init_git: bool = True, source: str = "", commit: str = "",
            for_update: bool = False) -> Path:  # fmt: skip
-    """Copy `src` to `dest` and rename it; refuse bad names or a non-empty `dest` first.
+    """Copy `src` (as committed, where it is a git checkout) to `dest` and rename it; refuse bad
+    names or a non-empty `dest` first.
     `source`/`commit`: where the template came from, if not `src` (an update's checkout);
     `for_update`: a rendering for `update`, whose package is importable by then."""
     if not for_update:
         check_package(package)
     dest = dest.resolve()
     check_dest(dest)
-    copy_tree(src, dest)
+    copied = template_commit(src)
+    if copied:
+        copy_commit(src, copied, dest)
+        note_uncommitted(src, copied)
+    else:  # no repository to say what the template is: the folder as it stands
+        copy_tree(src, dest)
     project = project or package.replace("_", "-")
     rename(dest, package, project, author, python, check=not for_update)
-    write_record(dest, source or str(src.resolve()), commit or template_commit(src), package,
-                 project, author, python)  # fmt: skip
+    write_record(dest, source or str(src.resolve()), copied or commit, package, project,
+                 author, python)  # fmt: skip
     if init_git:
         git_init(dest, f"New project {package}, from the {TEMPLATE} template")
     return dest
@@ -258,7 +308,16 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
         if commit and commit == record.get("commit"):
             return f"already at the template's {commit[:12]}: nothing to merge"
         _render(checkout, Path(tmp) / "render", record, source, commit)
-        _commit_rendering(root, Path(tmp) / "render", Path(tmp) / "worktree", commit)
+        old = git(root, "rev-parse", BRANCH).strip()
+        strays = _strays(root, checkout, record)
+        _commit_rendering(root, Path(tmp) / "render", Path(tmp) / "worktree", commit, strays)
+    in_the_way = _in_the_way(root, old)
+    if in_the_way:  # nothing changed yet: the branch back where it was
+        git(root, "update-ref", f"refs/heads/{BRANCH}", old)
+        raise NewProjectError(f"the template's {commit[:12]} would overwrite {len(in_the_way)} "
+                              f"file(s) the project does not track: {_listing(in_the_way)}; "
+                              "move them away (or commit them), then again")  # fmt: skip
+    head = git(root, "rev-parse", "HEAD").strip()
     merged = subprocess.run(["git", *_ident(root), "merge", "--no-edit", BRANCH], cwd=root,
                             capture_output=True, text=True)  # fmt: skip
     if merged.returncode != 0:
@@ -269,7 +328,51 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
         raise MergeConflict(f"the template's {commit[:12]} conflicts with the project's changes "
                             f"in {', '.join(conflicts)}: resolve them and git commit "
                             "(or git merge --abort)")  # fmt: skip
-    return f"merged the template's {commit[:12]} into the project"
+    removed = _paths(root, "diff", "--name-only", "--no-renames", "--diff-filter=D", head, "HEAD")
+    line = f"merged the template's {commit[:12]} into the project"
+    if removed:  # the template dropped them; the project had left them alone
+        line += f"; it removed {len(removed)} file(s) the template no longer ships: "
+        line += _listing(removed)
+    return line
+
+
+def _paths(root: Path, *args: str) -> list[str]:
+    """The paths a git command lists (with -z, right after the command: any name, unquoted)."""
+    return [p for p in git(root, args[0], "-z", *args[1:]).split("\0") if p]
+
+
+def _listing(paths: list[str], most: int = 5) -> str:
+    more = f" and {len(paths) - most} more" if len(paths) > most else ""
+    return ", ".join(paths[:most]) + more
+
+
+def _in_the_way(root: Path, old: str) -> list[str]:
+    """Files the template's side of the merge writes that the project has but does not track:
+    git merge refuses untracked ones without naming them, and overwrites ignored ones (a
+    user's .env, data) silently."""
+    incoming = _paths(root, "diff", "--name-only", "--no-renames", "--diff-filter=d", old, BRANCH)
+    tracked = set(_paths(root, "ls-files"))
+    return [p for p in incoming if p not in tracked and os.path.lexists(root / p)]
+
+
+def _strays(root: Path, checkout: Path, record: dict) -> list[str]:
+    """Files on the branch `template` that the template did not track at the commit it was
+    rendered from: an older `create` copied its checkout's working tree (.env, data/) into the
+    first commit. Rendered without them, the update would delete them from the project."""
+    commit = record.get("commit", "")
+    known = ["git", "cat-file", "-e", f"{commit}^{{commit}}"]
+    if not commit or subprocess.run(known, cwd=checkout, capture_output=True).returncode != 0:
+        return []  # a commit this template does not have: nothing to tell them by
+    shipped = set(_paths(checkout, "ls-tree", "-r", "--name-only", commit))
+    script = re.compile(r"src/([^/]+)/tools/new_project\.py")
+    own = [m.group(1) for m in map(script.fullmatch, shipped) if m]
+    if len(own) != 1:
+        return []
+    # the project's src/<package>/ was the template's src/<its package>/ (nothing else moves)
+    moved = re.compile(rf"^src/{re.escape(record['package'])}/")
+    rendered = _paths(root, "ls-tree", "-r", "--name-only", BRANCH)
+    return [p for p in rendered
+            if p != RECORD and moved.sub(f"src/{own[0]}/", p) not in shipped]  # fmt: skip
 
 
 def _render(checkout: Path, render: Path, record: dict, source: str, commit: str) -> None:
@@ -289,12 +392,22 @@ def _render(checkout: Path, render: Path, record: dict, source: str, commit: str
         raise NewProjectError(f"rendering the template failed: {proc.stderr.strip()[-500:]}")
 
 
-def _commit_rendering(root: Path, render: Path, worktree: Path, commit: str) -> None:
-    """Make `render` the next commit of the branch `template` (in a worktree of its own)."""
+def _commit_rendering(root: Path, render: Path, worktree: Path, commit: str,
+                      strays: list[str]) -> None:  # fmt: skip
+    """Make `render` the next commit of the branch `template` (in a worktree of its own, which
+    is all that `git rm` clears), keeping `strays` the rendering does not have."""
     git(root, "worktree", "add", "-q", str(worktree), BRANCH)
     try:
         git(worktree, "rm", "-r", "-q", "--ignore-unmatch", ".")
         copy_tree(render, worktree)
+        kept = [p for p in strays if not (render / p).exists()]
+        if kept:
+            git(worktree, "checkout", "HEAD", "--", *kept)
+            print(
+                f"note: kept {len(kept)} file(s) an older new-project copied from the "
+                f"template's uncommitted working tree: {_listing(kept)}",
+                file=sys.stderr,
+            )
         git(worktree, "add", "-A")
         if git(worktree, "status", "--porcelain").strip():
             git(worktree, *_ident(root), "commit", "-q", "-m", f"Template at {commit[:12]}")

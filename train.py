@@ -1,6 +1,6 @@
 """`python train.py key=value ...` from the repository root; the real entry is fasttrain.train."""
 
-from fasttrain.train import main
+from fasttrain.train import run
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -216,10 +216,15 @@ def test_what_the_gate_allows(target: str, allowed: bool) -> None:
     assert is_allowed(target) is allowed
 
 
-def test_whatever_the_users_conf_names_is_allowed(tmp_path: Path) -> None:
+def test_whatever_the_users_conf_names_is_allowed(tmp_path: Path, monkeypatch) -> None:
     from fasttrain.checkpoints.allow import check_specs, conf_targets
     from fasttrain.config.errors import UserError
 
+    package = tmp_path / "src" / "my_project"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text("import torch\nclass MyNet(torch.nn.Module): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
     conf = tmp_path / "conf"
     (conf / "model" / "net").mkdir(parents=True)
     spec = {"net": {"_target_": "my_project.nets.MyNet", "width": 8}}

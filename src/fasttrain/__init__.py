@@ -93,6 +93,15 @@ def _launch_dir() -> str:
     return os.getcwd()
 
 
+def _root_dir() -> str:
+    """`${root_dir:}` in conf/paths: FASTTRAIN_ROOT when it is set and not empty (fasttrain.cli
+    refuses a relative one), else the launch folder. Not `${oc.env:FASTTRAIN_ROOT,...}`: a
+    variable set but empty would make the root the filesystem's."""
+    import os
+
+    return os.environ.get("FASTTRAIN_ROOT", "").strip() or _launch_dir()
+
+
 def _task_monitor(attribute: str, _root_: Any) -> str:
     """`${monitor:}` in conf/: the metric the model's task is judged by (its class's `monitor`,
     e.g. val/mse); `${monitor:mode}` its direction (`monitor_mode`, min), `${monitor:direction}`
@@ -129,6 +138,7 @@ def _register_resolvers() -> None:
 
     OmegaConf.register_new_resolver("overrides_suffix", _overrides_suffix, replace=True)
     OmegaConf.register_new_resolver("launch_dir", _launch_dir, replace=True)
+    OmegaConf.register_new_resolver("root_dir", _root_dir, replace=True)
     OmegaConf.register_new_resolver(
         "monitor", lambda attribute="", *, _root_: _task_monitor(attribute, _root_), replace=True
     )

@@ -40,6 +40,7 @@ USER_ERROR_EXIT = 2
 def entry(config_name: str, task: Callable[[Any], Any]) -> None:
     """Run `task(cfg)` on conf/<config_name>.yaml composed with the command line."""
     argv = sys.argv[1:]
+    run_task(check_root)
     if wants_app_help(argv):
         print_app_help(config_name, argv)
         return
@@ -72,6 +73,47 @@ def entry(config_name: str, task: Callable[[Any], Any]) -> None:
     finally:
         if claim is not None:
             claim.release()
+
+
+# conf/paths/default.yaml: runs, data and logs go under this folder when it is set.
+ROOT_ENV = "FASTTRAIN_ROOT"
+
+
+def check_root() -> None:
+    """FASTTRAIN_ROOT set but empty would make the root the filesystem's (`/logs`, `/data`): it
+    is read as unset, said once (removed from the environment, so DDP ranks and sweep jobs
+    started from here do not say it again). A relative root would move with the folder a
+    command starts from: refused."""
+    root = os.environ.get(ROOT_ENV)
+    if root is None:
+        return
+    if not root.strip():
+        del os.environ[ROOT_ENV]
+        print(f"note: {ROOT_ENV} is set but empty: read as unset (runs go under logs/ of "
+              "the folder you start from)", file=sys.stderr)  # fmt: skip
+        return
+    if not os.path.isabs(root):
+        raise UserError(f"{ROOT_ENV}={root}: expected an absolute path (e.g. "
+                        f"{ROOT_ENV}=$PWD/{root}), or unset it")  # fmt: skip
+
+
+def script(main: Callable[[], Any]) -> None:
+    """`main` as the process itself (`python train.py`, `python -m fasttrain.evaluate`, the
+    console scripts): a refusal (exit 2) ends the process at once. A normal exit first joins
+    every non-daemon thread and runs every atexit handler, and one that a library or a user's
+    sitecustomize left waiting (an uploader, a pool) keeps a refused run alive for minutes.
+    Everything a refusal must do (one line, its undo, the lock released) is done by then.
+    In-process callers (tests, notebooks) call `main` and get SystemExit as usual."""
+    try:
+        main()
+    except SystemExit as err:
+        if err.code != USER_ERROR_EXIT:
+            raise
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        logging.shutdown()
+        os._exit(USER_ERROR_EXIT)
 
 
 def optimized_metric(result: Any, name: str | None) -> float | None:

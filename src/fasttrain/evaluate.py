@@ -3,8 +3,9 @@
 from functools import partial
 
 from fasttrain import tasks
-from fasttrain.cli import entry
+from fasttrain.cli import entry, script
 
-main = partial(entry, "eval", tasks.evaluate)  # also the fasttrain-evaluate script
+main = partial(entry, "eval", tasks.evaluate)
+run = partial(script, main)  # the process itself: the fasttrain-evaluate script
 if __name__ == "__main__":
-    main()
+    run()

@@ -3,8 +3,9 @@
 from functools import partial
 
 from fasttrain import tasks
-from fasttrain.cli import entry
+from fasttrain.cli import entry, script
 
-main = partial(entry, "export", tasks.export)  # also the fasttrain-export script
+main = partial(entry, "export", tasks.export)
+run = partial(script, main)  # the process itself: the fasttrain-export script
 if __name__ == "__main__":
-    main()
+    run()

@@ -3,8 +3,9 @@
 from functools import partial
 
 from fasttrain import tasks
-from fasttrain.cli import entry
+from fasttrain.cli import entry, script
 
-main = partial(entry, "predict", tasks.predict)  # also the fasttrain-predict script
+main = partial(entry, "predict", tasks.predict)
+run = partial(script, main)  # the process itself: the fasttrain-predict script
 if __name__ == "__main__":
-    main()
+    run()

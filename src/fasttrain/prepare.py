@@ -3,8 +3,9 @@
 from functools import partial
 
 from fasttrain import tasks
-from fasttrain.cli import entry
+from fasttrain.cli import entry, script
 
-main = partial(entry, "prepare", tasks.prepare)  # also the fasttrain-prepare script
+main = partial(entry, "prepare", tasks.prepare)
+run = partial(script, main)  # the process itself: the fasttrain-prepare script
 if __name__ == "__main__":
-    main()
+    run()

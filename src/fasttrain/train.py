@@ -3,8 +3,9 @@
 from functools import partial
 
 from fasttrain import tasks
-from fasttrain.cli import entry
+from fasttrain.cli import entry, script
 
-main = partial(entry, "train", tasks.train)  # also the fasttrain-train script
+main = partial(entry, "train", tasks.train)
+run = partial(script, main)  # the process itself: the fasttrain-train script
 if __name__ == "__main__":
-    main()
+    run()

@@ -16,8 +16,12 @@ anything is built, every `_target_` in the specs must be one of:
 - a name the caller passes in `allow`.
 
 The name is checked against these prefixes and conf/ before anything is imported; only then is
-it resolved, and the object's type confirmed. Values with `${...}` interpolations are refused too:
-building a spec would resolve them (reading environment variables, for one).
+it resolved, and the object's type confirmed. Each slot then admits only classes of its own kind
+(`SLOT_KINDS`: a net is an nn.Module, an optimizer a torch Optimizer, ...), whatever conf/ names:
+conf/ also names loggers and callbacks, whose constructors write files (an MLflow store, say),
+and a checkpoint must not place one in its scheduler slot. Targets in any other slot are refused.
+Values with `${...}` interpolations are refused too: building a spec would resolve them (reading
+environment variables, for one). Nothing is built before every check has passed.
 """
 
 from __future__ import annotations
@@ -117,18 +121,38 @@ def is_allowed(target: str, allow: Collection[str] = (), config_dir: str = CONFI
         return False
 
 
+def slot_kinds() -> dict[str, tuple[type, ...]]:
+    """Spec slot -> the classes a target in it must subclass (torch and Lightning load here, not
+    on import: the command line's fast paths import this module)."""
+    from lightning import LightningDataModule, LightningModule
+    from torch import nn
+    from torch.optim import Optimizer
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    return {
+        "net": (nn.Module,),
+        "optimizer": (Optimizer,),
+        "scheduler": (LRScheduler, ReduceLROnPlateau),
+        "task": (LightningModule,),
+        "data": (LightningDataModule,),
+    }
+
+
 def check_specs(
     specs: Mapping[str, Any], source: str, allow: Collection[str] = (),
     config_dir: str = CONFIG_DIR,
 ) -> None:  # fmt: skip
     """Raise one UserError, e.g. `ckpt_path=X: refused, its net names numpy.savetxt, ...`, unless
-    every `_target_` nested anywhere in `specs` (name -> spec or plain value) is allowed."""
+    every `_target_` nested anywhere in `specs` (name -> spec or plain value) is allowed and of
+    its slot's kind."""
+    kinds = slot_kinds()
     for name, spec in specs.items():
         for target in _targets(spec):
             if not isinstance(target, str) or not is_allowed(target, allow, config_dir):
                 shown = target if isinstance(target, str) else repr(target)
                 raise UserError(f"{source}: refused, its {name} names {shown}, "
                                 f"which is not {ALLOWED}")  # fmt: skip
+            _check_kind(name, target, kinds.get(name), source)
         interpolation = next(_interpolations(spec), None)
         if interpolation is not None:
             shown = interpolation if len(interpolation) <= 80 else interpolation[:80] + "..."
@@ -136,6 +160,36 @@ def check_specs(
                 f"{source}: refused, its {name} holds an interpolation ({shown!r}); "
                 "checkpoint specs hold plain values"
             )
+
+
+def _check_kind(name: str, target: str, kind: tuple[type, ...] | None, source: str) -> None:
+    """`target` (allowed by name) must resolve to a subclass of its slot's `kind`; None: a slot
+    that holds plain values only."""
+    if kind is None:
+        raise UserError(f"{source}: refused, its {name} names {target}, but {name} holds plain "
+                        f"values; only {', '.join(slot_kinds())} name classes")  # fmt: skip
+    obj = _resolve(target)
+    if not (inspect.isclass(obj) and issubclass(obj, kind)):
+        wanted = " or ".join(k.__name__ for k in kind)
+        raise UserError(f"{source}: refused, its {name} names {target}, which is not a "
+                        f"{wanted} (a {name} slot admits nothing else)")  # fmt: skip
+
+
+def _resolve(target: str) -> Any:
+    """The object a dotted name (allowed already) names, or None where it names nothing: the
+    longest importable module, then attributes (hydra's get_object logs an error instead)."""
+    import importlib
+
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except Exception:  # not a module (or not importable): a shorter prefix may be
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name, None)
+        return obj
+    return None
 
 
 def _targets(value: Any) -> Iterator[Any]:

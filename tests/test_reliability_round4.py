@@ -160,3 +160,57 @@ def test_every_entry_points_refusal_ends_at_once(args: list[str], tmp_path: Path
     assert code == 2, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("error: ")
     assert took < 60
+
+
+# ---- printed commands that work -------------------------------------------------------------
+
+
+def test_a_net_its_checkpoints_could_not_name_is_refused_at_the_start(tmp_path: Path) -> None:
+    """`model.net._target_=mypkg.nets.Wide` trained, then every printed evaluate/export/predict
+    command was refused by the allowlist; now the run refuses first, saying how to admit it."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    from fasttrain.checkpoints.allow import check_loadable, conf_targets
+    from fasttrain.config.errors import UserError
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        job = compose("train", overrides=["model/net=mlp"])
+    check_loadable(job)  # the shipped classes load again
+    with open_dict(job):
+        job.model.net._target_ = "mypkg.nets.Wide"
+    with pytest.raises(UserError, match=r"^model\.net\._target_=mypkg\.nets\.Wide: its "
+                       r"checkpoints could not be loaded again .* conf/model/net/wide\.yaml "
+                       r"holding `_target_: mypkg\.nets\.Wide`"):  # fmt: skip
+        check_loadable(job)
+    conf = tmp_path / "conf"
+    (conf / "model" / "net").mkdir(parents=True)
+    (conf / "model" / "net" / "wide.yaml").write_text("_target_: mypkg.nets.Wide\n")
+    conf_targets.cache_clear()
+    check_loadable(job, config_dir=str(conf))  # named in conf/: admitted
+
+
+CASES = [
+    ("tags=[héllo,b]", 'tags=["héllo","b"]'),
+    ("prompt=é", 'prompt="é"'),
+    ("run_name=a→b", 'run_name="a→b"'),
+]
+
+
+@pytest.mark.parametrize(("typed", "suggested"), CASES)
+def test_non_ascii_in_an_override_is_shown_the_quoting_that_works(
+    typed: str, suggested: str
+) -> None:
+    import shlex
+
+    from fasttrain.config.errors import UserError
+    from fasttrain.config.overrides import _bad_syntax, check_command_line
+
+    config = "predict" if typed.startswith("prompt") else "train"
+    with pytest.raises(UserError) as refused:
+        check_command_line(config, [typed])
+    message = str(refused.value)
+    assert message.startswith(f"{typed}: not a valid override")
+    assert message.endswith(f"quote the value as Hydra's grammar needs: {shlex.quote(suggested)}")
+    (pasted,) = shlex.split(message.rsplit(": ", 1)[1])  # as a shell reads it
+    assert _bad_syntax([pasted]) is None  # the suggestion is valid Hydra

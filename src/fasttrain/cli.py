@@ -312,9 +312,12 @@ def construct_each(jobs: list[Any]) -> None:
     """Build what each training job configures and throw it away, before Hydra writes anything:
     the range checks live in the constructors (data.batch_size=0, trainer.accumulate_grad_batches
     =0, ...), so this is what refuses a bad value in any job of a sweep."""
+    from fasttrain.checkpoints.allow import check_loadable
+
     for job in jobs:
         if "model" in job:  # evaluate, export, predict take their model from a checkpoint
             construct(job)
+            check_loadable(job)  # what its checkpoints name must load again
 
 
 def construct(job: Any) -> tuple[Any, Any]:

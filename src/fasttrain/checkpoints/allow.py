@@ -183,7 +183,7 @@ def _resolve(target: str) -> Any:
     parts = target.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
-            obj = importlib.import_module(".".join(parts[:cut]))
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
         except Exception:  # not a module (or not importable): a shorter prefix may be
             continue
         for name in parts[cut:]:
@@ -214,3 +214,32 @@ def _interpolations(value: Any) -> Iterator[str]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _interpolations(item)
+
+
+# A training run's slot -> (its node in the config, the conf/ folder a config naming it goes in)
+RUN_SLOTS = {
+    "task": ("model", "model"),
+    "net": ("model.net", "model/net"),
+    "optimizer": ("model.optimizer", "model/optimizer"),
+    "scheduler": ("model.scheduler", "model/scheduler"),
+    "data": ("data", "data"),
+}
+
+
+def check_loadable(job: Any, config_dir: str = CONFIG_DIR) -> None:
+    """Refuse a training run whose classes its own checkpoints could not name: evaluate, export
+    and predict would refuse them (a net typed as `model.net._target_=mypkg.Wide`), so the
+    commands the run prints at its end would fail. Naming the class in a config under conf/
+    admits it, on purpose and once, where the user keeps their configs."""
+    from omegaconf import OmegaConf
+
+    for node, folder in RUN_SLOTS.values():
+        target = OmegaConf.select(job, f"{node}._target_", default=None)
+        if target is None or is_allowed(str(target), config_dir=config_dir):
+            continue
+        stem = str(target).rsplit(".", 1)[-1].lower()
+        raise UserError(
+            f"{node}._target_={target}: its checkpoints could not be loaded again (evaluate, "
+            f"export and predict build only {ALLOWED}); name it in a config, e.g. "
+            f"conf/{folder}/{stem}.yaml holding `_target_: {target}`, and select that"
+        )

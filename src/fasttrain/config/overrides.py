@@ -26,6 +26,7 @@ import io
 import itertools
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -309,11 +310,40 @@ def _bad_syntax(overrides: list[str]) -> str | None:
         try:
             parser.parse_override(override)
         except HydraException as err:
-            return (
-                f"{override}: not a valid override ({_first_line(err)}); "
-                "write key=value, quoting values with spaces or brackets: 'key=\"a b\"'"
-            )
+            quoted = _quoted(override)
+            if quoted is not None and _parses(parser, quoted):
+                # Hydra's grammar takes non-ASCII letters and most symbols only inside quotes
+                how = f"quote the value as Hydra's grammar needs: {shlex.quote(quoted)}"
+            else:
+                how = "write key=value, quoting values with spaces or brackets: 'key=\"a b\"'"
+            return f"{override}: not a valid override ({_first_line(err)}); {how}"
     return None
+
+
+def _quoted(override: str) -> str | None:
+    """`override` with its value (or each item of a [list] value) in double quotes:
+    tags=[héllo,b] -> tags=["héllo","b"]; None where it holds no plain key=value."""
+    key, eq, value = override.partition("=")
+    if not eq or not value or '"' in value or "'" in value:
+        return None
+    if value.startswith("[") and value.endswith("]"):
+        items = value[1:-1].split(",")
+        return f"{key}=[{','.join(_in_quotes(item.strip()) for item in items)}]"
+    return f"{key}={_in_quotes(value)}"
+
+
+def _in_quotes(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\") + '"'
+
+
+def _parses(parser: Any, override: str) -> bool:
+    from hydra.errors import HydraException
+
+    try:
+        parser.parse_override(override)
+    except HydraException:
+        return False
+    return True
 
 
 def _first_line(err: Exception) -> str:

@@ -8,7 +8,12 @@ fasttrain.callbacks.board (x = optimizer steps completed), without Lightning's `
 Both stay on this machine by default: MLflow writes a SQLite tracking database under `logs/`
 (`mlflow ui --backend-store-uri ...` shows it, the command printed at the end of a run); W&B runs
 offline into the run folder (`wandb sync <folder>` uploads it later, also printed). A run
-continued in its folder (resume=auto) continues the same MLflow run and W&B run id.
+continued in its folder (resume=auto) continues the same MLflow run (its id is kept in the run
+folder, RUN_ID_FILE) and W&B run id.
+
+A tracker on the network (an MLflow server, W&B online) that does not answer is one line before
+the run starts, after a bounded wait (REACH_S, START_S), instead of minutes of the clients'
+retries; nothing is left of the attempt.
 """
 
 from __future__ import annotations
@@ -16,9 +21,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import logging
+import os
 import re
 import shlex
+import ssl
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,12 +37,26 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-from fasttrain.config.errors import UserError
+from fasttrain import shown
+from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.settings import run_tags
 
-# The MLflow tag that names the run folder: a continued run (resume=auto) finds its MLflow run.
+log = logging.getLogger(__name__)
+
+# The MLflow tag that names the run folder (for a reader of the store; the run is found again by
+# RUN_ID_FILE: MLflow's filter parser does not unescape a quote, so a folder name holding ' or \
+# never matched a search by the tag).
 RUN_DIR_TAG = "fasttrain.run_dir"
+# In the run folder: the id of its MLflow run, read back when the run is continued.
+RUN_ID_FILE = ".mlflow-run-id"
+# The ids MLflow gives runs (uuid4 hex): what is read back from RUN_ID_FILE must be one.
+_MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")
 _MLFLOW_UNSAFE = re.compile(r"[^a-zA-Z0-9_/. -]+")
+# Seconds a server gets to answer one request before the run starts (MLflow's client retries 7
+# times with backoff by default: minutes), and W&B to start an online run (its default is 90).
+REACH_S = 10
+START_S = 30
+WANDB_ONLINE = "logger.wandb.offline=false"  # the override of conf/logger/wandb.yaml
 
 
 def installed(module: str) -> bool:
@@ -75,6 +99,7 @@ class MLflowRun(MLFlowLogger):
                  tags: Sequence[str] | str = (),
                  artifact_location: str | None = None) -> None:  # fmt: skip
         _require("mlflow", "logger=mlflow")
+        _check_mlflow_server(tracking_uri)
         labels = {tag: "" for tag in run_tags(tags)} | {RUN_DIR_TAG: str(Path(run_dir).absolute())}
         with _one_at_a_time(tracking_uri):  # the client creates (migrates) a new database
             super().__init__(experiment_name=experiment_name, run_name=run_name,
@@ -90,19 +115,37 @@ class MLflowRun(MLFlowLogger):
         with _one_at_a_time(self._tracking_uri):  # two runs would both create the experiment
             if self._run_id is None:
                 self._run_id = self._continued_run()
-            return super().experiment
+            client = super().experiment
+            _keep_run_id(Path(self._run_dir) / RUN_ID_FILE, str(self._run_id))
+            return client
 
     def _continued_run(self) -> str | None:
-        """The id of the MLflow run recorded for this run folder before, if any."""
+        """The MLflow run this run folder recorded (RUN_ID_FILE), if it is still a run of this
+        experiment in the store. The file is anyone's to edit: whatever else it holds starts a
+        new MLflow run, said in one line."""
+        path = Path(self._run_dir) / RUN_ID_FILE
+        if not path.exists() and not path.is_symlink():
+            return None
+        kept = _read_run_id(path)
+        if kept is not None and self._is_run_here(kept):
+            return kept
+        log.warning("%s names no run of MLflow experiment %r in %s: this run is a new MLflow run",
+                    shown(path), self._experiment_name, self._tracking_uri)  # fmt: skip
+        return None
+
+    def _is_run_here(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(self._tracking_uri)
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:  # not in the store
+            return False
         found = client.get_experiment_by_name(self._experiment_name)
-        if found is None:
-            return None
-        same_folder = f"tags.`{RUN_DIR_TAG}` = '{_quoted(self._run_dir)}'"
-        runs = client.search_runs([found.experiment_id], same_folder, max_results=1)
-        return runs[0].info.run_id if runs else None
+        return (found is not None and found.lifecycle_stage == "active"
+                and run.info.experiment_id == found.experiment_id
+                and run.info.lifecycle_stage == "active")  # fmt: skip
 
     @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
@@ -152,8 +195,99 @@ def _one_at_a_time(tracking_uri: str | None) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
+def _read_run_id(path: Path) -> str | None:
+    """The run id in `path`, or None unless it is one of MLflow's. Only a regular file is read,
+    and only its first bytes: a FIFO would block, a symlink to a device never end."""
+    if not path.is_file():
+        return None
+    try:
+        with path.open("rb") as handle:
+            text = handle.read(64).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if _MLFLOW_RUN_ID.fullmatch(text) else None
+
+
+def _keep_run_id(path: Path, run_id: str) -> None:
+    """RUN_ID_FILE, replaced whole: a run stopped while writing leaves the old id or the new."""
+    if _read_run_id(path) == run_id:
+        return
+    part = path.with_name(path.name + ".part")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part.write_text(run_id + "\n")
+        os.replace(part, path)  # replaces a symlink itself, never the file it points to
+    except OSError as err:  # a folder in its place, say: the run goes on, not found again
+        part.unlink(missing_ok=True)
+        log.warning("%s: the MLflow run id cannot be kept (%s): continuing this run folder will "
+                    "start a new MLflow run", shown(path), err.strerror or err)  # fmt: skip
+
+
+def _check_mlflow_server(tracking_uri: str) -> None:
+    """One request to an MLflow server, with the client's retries off and its timeout REACH_S
+    (MLflow's own knobs, for this request only): one that does not answer is refused now, not
+    after minutes of retries. The run's own requests keep the defaults (a blip mid-run is
+    retried)."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    from mlflow.environment_variables import (
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+        MLFLOW_HTTP_REQUEST_TIMEOUT,
+    )
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    bounded = {MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0",
+               MLFLOW_HTTP_REQUEST_TIMEOUT.name: str(REACH_S)}  # fmt: skip
+    try:
+        with _environ(bounded):
+            MlflowClient(tracking_uri).search_experiments(max_results=1)
+    except MlflowException as err:
+        raise ConfigError("tracking_uri", tracking_uri, _mlflow_refusal(err)) from None
+
+
+def _mlflow_refusal(err: Exception) -> str:
+    import requests
+
+    # MLflow raises its exception inside the handler of the transport's: a connection refused or
+    # timed out is that context; an error status is the server's answer.
+    if isinstance(err.__context__, requests.RequestException):
+        return (f"no MLflow server answered within {REACH_S} s; start one (mlflow server), or "
+                "drop the override for the default SQLite store under logs/")  # fmt: skip
+    return f"the server answered, but not as MLflow expects: {_first_line(err)}"
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _first_line(err: Exception, limit: int = 200) -> str:
+    lines = str(err).strip().splitlines() or [type(err).__name__]
+    return lines[0][:limit].rstrip(". ")
+
+
+def _answers(url: str, timeout: float) -> bool:
+    """Whether anything answers HTTP at `url` within `timeout` seconds. An error status or a
+    TLS failure is an answer: the client then says what is wrong itself."""
+    try:
+        urllib.request.urlopen(url, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True
+    except urllib.error.URLError as err:
+        return isinstance(err.reason, ssl.SSLError)
+    except OSError:  # timed out reading, or the connection reset
+        return False
+    return True
 
 
 class WandbRun(WandbLogger):
@@ -173,7 +307,9 @@ class WandbRun(WandbLogger):
         _require("wandb", "logger=wandb")
         # One id per run folder: a continued run (resume=auto) goes on as the same W&B run.
         run_id = hashlib.sha1(str(Path(save_dir).absolute()).encode()).hexdigest()[:16]
-        kwargs = {"id": run_id, "resume": "allow", **kwargs}
+        # An online run that cannot start fails after START_S, not W&B's 90 s.
+        bounded = {} if "WANDB_INIT_TIMEOUT" in os.environ else {"init_timeout": START_S}
+        kwargs = {"id": run_id, "resume": "allow", "settings": bounded, **kwargs}
         super().__init__(name=name, save_dir=save_dir, project=project, offline=offline,
                          tags=run_tags(tags), **kwargs)  # fmt: skip
         self._command = ""
@@ -183,6 +319,26 @@ class WandbRun(WandbLogger):
         # previous job of a sweep, one that failed before its end): not this run's.
         if wandb.run is not None and wandb.run.id != run_id:
             wandb.finish()
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        """The W&B run. Online, a server that does not answer, or a run W&B cannot start (no API
+        key), is one line (UserError) and leaves no files of the attempt."""
+        if self._experiment is not None or self._offline or _offline_by_env():
+            return super().experiment
+        import wandb
+
+        _check_wandb_server(wandb.setup().settings.base_url)
+        folder = Path(str(self._save_dir)) / "wandb"
+        before = set(folder.iterdir()) if folder.is_dir() else set()
+        try:
+            return super().experiment
+        except wandb.Error as err:  # no API key, a refused key, a start timed out
+            _remove_new(folder, before)
+            raise UserError(
+                f"{WANDB_ONLINE}: W&B could not start the run: {_first_line(err)}; {_GO_ONLINE}"
+            ) from None
 
     @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
@@ -213,6 +369,40 @@ class WandbRun(WandbLogger):
     def show_command(self) -> str:
         """What uploads (offline) or shows (online) the run, once `record_end` has run."""
         return self._command
+
+
+_GO_ONLINE = ("set WANDB_API_KEY (or run `wandb login`) for a server that answers, or keep "
+              "logger.wandb.offline=true and `wandb sync` the run folder later")  # fmt: skip
+
+
+def _offline_by_env() -> bool:
+    """WANDB_MODE=offline (or disabled) wins over offline=false in wandb.init: nothing to reach."""
+    return os.environ.get("WANDB_MODE", "") in ("offline", "dryrun", "disabled")
+
+
+def _check_wandb_server(base_url: str) -> None:
+    # wandb.init retries an unreachable server until its init timeout, then fails with a
+    # traceback and a half-made run folder: a quick probe refuses it first, and writes nothing.
+    if not _answers(base_url, REACH_S):
+        raise UserError(f"{WANDB_ONLINE}: no W&B server answered at {base_url} within "
+                        f"{REACH_S} s; {_GO_ONLINE}")  # fmt: skip
+
+
+def _remove_new(folder: Path, before: set[Path]) -> None:
+    """What a failed wandb.init wrote into `folder` (the run's files, its logs), and the folder
+    itself where it made it."""
+    import shutil
+
+    if not folder.is_dir():
+        return
+    for path in set(folder.iterdir()) - before:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if not before:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def record_start(loggers: Sequence[Logger], hparams: Mapping[str, Any]) -> None:

@@ -98,5 +98,8 @@ def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[
         raise UserError(
             f"ckpt_path={path}: weights do not fit the net it names ({detail})"
         ) from None
-    model.on_load_checkpoint(ckpt)  # the task's own records (a language model's tokenizer)
+    try:
+        model.on_load_checkpoint(ckpt)  # the task's own records (a language model's tokenizer)
+    except UserError as err:  # a record the task refuses: "its tokenizer ...", named here
+        raise UserError(f"ckpt_path={path}: {err}") from None
     return model.eval(), data

@@ -132,8 +132,15 @@ def split_documents(
     """train/val/test lists of documents (see the module doc)."""
     if len(documents) == 1:
         (data,) = documents.values()
-        val_at = int(len(data) * (1 - val_fraction - test_fraction))
-        test_at = int(len(data) * (1 - test_fraction))
+        cuts = []
+        for share in (1 - val_fraction - test_fraction, 1 - test_fraction):
+            at = int(len(data) * share)
+            # Back to a character's first byte (not a continuation byte, 0b10xxxxxx): each split
+            # stays UTF-8 text (a BPE decodes it), and every byte of the file is counted once.
+            while 0 < at < len(data) and data[at] & 0xC0 == 0x80:
+                at -= 1
+            cuts.append(at)
+        val_at, test_at = cuts
         return {"train": [data[:val_at]], "val": [data[val_at:test_at]], "test": [data[test_at:]]}
     splits: dict[str, list[bytes]] = {s: [] for s in SPLITS}
     for name in sorted(documents):

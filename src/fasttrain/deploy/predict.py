@@ -16,6 +16,24 @@ from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import Runner
 
 
+def check_input_task(ckpt_path: str | Path, path: str | Path) -> None:
+    """input= is an array of features; a language model (its checkpoint keeps a tokenizer) reads
+    text, and predict generates with prompt= instead: refused before its data is read or built.
+    The peek maps the file (mmap): no tensor is read; a file it cannot map is read later, and
+    refused there if it must be."""
+    from fasttrain.models.language_model import TOKENIZER_KEY
+
+    try:
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return
+    if isinstance(ckpt, dict) and TOKENIZER_KEY in ckpt:
+        raise UserError(
+            f"input={path}: ckpt_path={ckpt_path} is a language model's checkpoint, which "
+            "takes no .npy file; generate text with prompt='def ' instead"
+        )
+
+
 def load_inputs(path: str | Path, input_shape: Sequence[int], key: str = "input") -> torch.Tensor:
     """An .npy of inputs [N, *input_shape] -> float32 tensor; one UserError per way it fails."""
     file = Path(path)

@@ -188,6 +188,8 @@ class LanguageModel(Task):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         record = checkpoint.get(TOKENIZER_KEY)
+        if record is not None:
+            self.check_tokenizer(record)
         if isinstance(record, str):
             if self.tokenizer_json is not None and self.tokenizer_json != record:
                 raise UserError(
@@ -195,6 +197,21 @@ class LanguageModel(Task):
                     "with (another corpus, split or data.tokenizer_file); resume=never starts over"
                 )
             self.tokenizer_json = record
+
+    def check_tokenizer(self, record: Any) -> None:
+        """A checkpoint's tokenizer entry: JSON text (fasttrain.data.tokenizer) of a tokenizer in
+        its own format, whose ids are all rows of this model's embedding. Read from a file,
+        it can be anything: refused here in one line, not as an error in the embedding.
+        fasttrain.checkpoints.load names the checkpoint in front of the message."""
+        from fasttrain.data.tokenizer import check_vocabulary, from_json
+
+        where = "its tokenizer"
+        if self._trainer is not None:  # trainer.fit or test with ckpt_path=
+            where = f"ckpt_path={self.trainer.ckpt_path}: {where}"
+        if not isinstance(record, str):
+            raise UserError(f"{where} is of type {type(record).__name__}, expected "
+                            "its JSON text (a str): not a checkpoint fasttrain wrote")  # fmt: skip
+        check_vocabulary(from_json(record, where), self.vocab_size, where)
 
     # ---- held-out values: ppl and bits per byte from the epoch's mean loss ---------------
     def on_validation_epoch_end(self) -> None:
@@ -256,13 +273,19 @@ class TokenLogits(nn.Module):
 
 def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
                 generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
-    """[B, V] logits -> [B, 1] sampled ids (temperature 0: the most likely)."""
+    """[B, V] logits -> [B, 1] sampled ids (temperature 0: the most likely).
+
+    Any temperature > 0 is safe: the logits are shifted by their max first, so the scaled ones
+    are <= 0 and cannot overflow to +inf (which made softmax NaN); a tiny temperature sends all
+    but the largest to -inf, i.e. the most likely token (ties shared), the limit it tends to.
+    float32, the temperature at least float32's smallest normal: never 0 / 0."""
     logits = logits.float()
     if temperature <= 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
     if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    shifted = logits - logits.amax(dim=-1, keepdim=True)  # [B, V], 0 at the max
+    scaled = shifted / max(float(temperature), torch.finfo(torch.float32).tiny)
+    probs = torch.softmax(scaled, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)

@@ -164,15 +164,12 @@ def test_predict_names_classes_and_matches_the_host_reference(image_run, tmp_pat
     from fasttrain.assemble import restore
     from fasttrain.tasks import predict
 
-    _, ckpt = image_run
-    cfg = compose_task(
-        "predict", tmp_path, f"ckpt_path='{ckpt}'", "data=image_folder", "device=cpu"
-    )
-    out = predict(cfg)
+    root, ckpt = image_run
+    # the folder is typed: a location never comes from the checkpoint
+    data = [f"ckpt_path='{ckpt}'", "data=image_folder", f"data.path={root}"]
+    out = predict(compose_task("predict", tmp_path, *data, "device=cpu"))
     rows = list(csv.DictReader(out.open()))
-    model, dm = restore(
-        compose_task("predict", tmp_path, f"ckpt_path='{ckpt}'", "data=image_folder")
-    )
+    model, dm = restore(compose_task("predict", tmp_path, *data))
     x, _ = next(iter(dm.test_dataloader()))
     host = (x.float() - 127.5) / 127.5  # what the net must see: normalised on the host
     with torch.no_grad():
@@ -186,8 +183,8 @@ def test_predict_names_classes_and_matches_the_host_reference(image_run, tmp_pat
 def test_export_takes_raw_pixels(image_run, tmp_path: Path) -> None:
     from fasttrain.tasks import evaluate, export
 
-    _, ckpt = image_run
-    args = [f"ckpt_path='{ckpt}'", "data=image_folder", "data.num_workers=0"]
+    root, ckpt = image_run
+    args = [f"ckpt_path='{ckpt}'", "data=image_folder", f"data.path={root}", "data.num_workers=0"]
     metrics = evaluate(compose_task("eval", tmp_path, *args))
     assert 0.0 <= metrics["test/acc"] <= 1.0
     report = export(compose_task("export", tmp_path, *args,

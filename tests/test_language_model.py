@@ -5,6 +5,7 @@ and every bad input of the text data and of generation: one line, exit 2, nothin
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -218,8 +219,16 @@ def trained_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                     f"data.cache_dir={root}/cache", "callbacks.perf.peak_tflops=1"],
                    root / "logs", timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (root / "train_stdout.txt").write_text(proc.stdout)  # the commands it printed
     record = json.loads((root / "logs" / "train" / "lm" / "metrics.json").read_text())
     return root, Path(record["checkpoint"])
+
+
+def printed_command(root: Path, name: str) -> list[str]:
+    """The words of the `name` command the run printed (e.g. evaluate), without the python."""
+    lines = (root / "train_stdout.txt").read_text().splitlines()
+    line = next(line for line in lines if line.split(" ", 1)[0] == name)
+    return shlex.split(line.split(" ", 1)[1])[1:]
 
 
 def test_a_short_run_logs_bpb_tokens_per_sec_and_mfu(trained_lm: tuple[Path, Path]) -> None:
@@ -446,10 +455,13 @@ def test_gpt_trains_on_cuda_in_bf16_with_windows_on_the_device(tmp_path: Path) -
 
 
 def test_evaluate_reads_the_memmaps_the_run_wrote(trained_lm: tuple[Path, Path]) -> None:
-    root, ckpt = trained_lm
+    root, _ = trained_lm
     before = sorted(p.name for p in (root / "cache").iterdir())
-    proc = run_cli(["-m", "fasttrain.evaluate", f"ckpt_path={ckpt}", "run_name=ev"],
-                   root / "logs", timeout=300)  # fmt: skip
+    # As printed: the locations the run was given come with it (never from the checkpoint).
+    command = printed_command(root, "evaluate")
+    assert command[:2] == ["-m", "fasttrain.evaluate"] and command[2].startswith("ckpt_path=")
+    assert f"data.path={root / 'corpus'}" in command and "data=text" in command
+    proc = run_cli([*command, "run_name=ev"], root / "logs", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in (root / "cache").iterdir()) == before  # nothing tokenized again
     record = json.loads((root / "logs" / "eval" / "ev" / "metrics.json").read_text())
@@ -487,3 +499,40 @@ def test_ema_averages_the_language_model(tmp_path: Path) -> None:
     assert np.isfinite(final_test_loss(run))
     ckpt = torch.load(next((run / "checkpoints").glob("epoch*.ckpt")), weights_only=True)
     assert any("ema" in key.lower() for key in ckpt.get("callbacks", {})), list(ckpt)
+
+
+def test_a_checkpoint_never_chooses_where_data_is_read_or_written(
+    trained_lm: tuple[Path, Path], tmp_path: Path, monkeypatch
+) -> None:
+    """A checkpoint whose data spec names a folder to read (path=/etc) and one to write
+    (cache_dir=...) gets neither: locations are this command line's and conf/'s. Stopped just
+    before the data module is built (what it would read and write is then fixed)."""
+    from fasttrain import assemble
+
+    _, ckpt = trained_lm
+    crafted = torch.load(ckpt, weights_only=True)
+    evil = tmp_path / "evil_cache"
+    crafted["datamodule_hyper_parameters"].update(path="/etc", cache_dir=str(evil))
+    torch.save(crafted, tmp_path / "crafted.ckpt")
+    seen: dict[str, object] = {}
+
+    def stop(node, where, **kwargs):
+        if where == "data":
+            seen.update(path=node.path, cache_dir=node.cache_dir)
+            raise RuntimeError("stop")
+        return build(node, where, **kwargs)
+
+    build = assemble.build
+    monkeypatch.setattr(assemble, "build", stop)
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("eval", [f"ckpt_path={tmp_path / 'crafted.ckpt'}", "data=text",
+                               f"paths.root_dir={tmp_path}",
+                               f"paths.output_dir={tmp_path}/run"])  # fmt: skip
+    with pytest.raises(RuntimeError, match="stop"):
+        assemble.restore(cfg)
+    assert seen == {"path": None, "cache_dir": f"{tmp_path}/data/text"}  # conf/'s, not its
+    assert not evil.exists()

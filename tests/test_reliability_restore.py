@@ -61,10 +61,21 @@ def test_without_data_the_checkpoints_group_is_taken(npy_ckpt: Path, tmp_path: P
     from fasttrain.data.npy import NpyDataModule
 
     # digits (the default) has the same input shape and classes: once this evaluated on digits
-    # (acc ~0.1); then it was refused unless data=npy was typed. The checkpoint names its data.
+    # (acc ~0.1); then it was refused unless data=npy was typed. The checkpoint names its data;
+    # its files are where this machine's conf/ says (data_dir/npy), never where it says.
+    here = copy_arrays(npy_ckpt.parent, tmp_path / "data" / "npy")
     _, datamodule = restore(eval_cfg(npy_ckpt, tmp_path))
-    assert isinstance(datamodule, NpyDataModule) and datamodule.path == npy_ckpt.parent
+    assert isinstance(datamodule, NpyDataModule) and datamodule.path == here
     assert len(datamodule.splits["test"]) == 12
+
+
+def copy_arrays(source: Path, folder: Path) -> Path:
+    import shutil
+
+    folder.mkdir(parents=True)
+    for name in ("x.npy", "y.npy"):
+        shutil.copy(source / name, folder / name)
+    return folder
 
 
 @pytest.mark.slow  # two processes, ~25 s: CI runs it in make test-slow
@@ -91,10 +102,12 @@ def test_cli_other_data_typed_is_refused_and_a_typed_path_is_used(
 def test_its_own_data_group_restores_its_split(npy_ckpt: Path, tmp_path: Path) -> None:
     from fasttrain.data.npy import NpyDataModule
 
-    # data.path is not given: it comes from the checkpoint, with the seed and fractions
+    # data.path is not given: it is conf/'s (never the checkpoint's); the seed and fractions
+    # come from the checkpoint
+    here = copy_arrays(npy_ckpt.parent, tmp_path / "data" / "npy")
     _, datamodule = restore(eval_cfg(npy_ckpt, tmp_path, "data=npy"))
     assert isinstance(datamodule, NpyDataModule)
-    assert datamodule.path == npy_ckpt.parent
+    assert datamodule.path == here
     assert len(datamodule.splits["test"]) == 12  # 10% of 120
 
 
@@ -121,6 +134,6 @@ def test_a_checkpoint_without_the_record_loads_as_before(npy_ckpt: Path, tmp_pat
     del ckpt["datamodule_target"]
     old = tmp_path / "old.ckpt"
     torch.save(ckpt, old)
-    model, datamodule = restore(eval_cfg(old, tmp_path, "data=npy"))
+    model, datamodule = restore(eval_cfg(old, tmp_path, "data=npy", f"data.path={npy_ckpt.parent}"))
     assert datamodule.path == npy_ckpt.parent
     assert model.hparams["num_classes"] == 10

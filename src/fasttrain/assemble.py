@@ -142,10 +142,12 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
     from a checkpoint (evaluate, export, predict) share it. The task is the one the checkpoint
     was trained as (fasttrain.models.task). The data module must be the one the checkpoint was
     trained on (checkpoints record it; older ones did not, and then only the shapes are
-    compared). The data split comes from the checkpoint (seed, fractions, path, ...), so the
-    test set is the one the run was tested on; loader knobs stay this machine's."""
+    compared). The data split comes from the checkpoint (seed, fractions, tokenizer, ...), so
+    the test set is the one the run was tested on; loader knobs and every location (path,
+    cache_dir, ...: fasttrain.data.base.is_location) stay this machine's, from the command line
+    and conf/, and a location other than the checkpoint's is said in one line."""
     from fasttrain.checkpoints.load import load_task
-    from fasttrain.data.base import LOADER_ARGS, SPLIT_RECORD, split_change
+    from fasttrain.data.base import LOADER_ARGS, SPLIT_RECORD, is_location, split_change
 
     model, data_spec = load_task(cfg.ckpt_path)
     trained_on = data_spec.pop("_target_", None)
@@ -162,6 +164,10 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
                         f"data.{key}={cfg.data[key]}: used instead of the checkpoint's "
                         f"data.{key}={value}"
                     )
+                continue
+            if is_location(key):  # this machine's, from conf/: never the checkpoint's
+                if "cache" not in key:
+                    _note_other_location(cfg, key, value)
                 continue
             cfg.data[key] = value
     validate(cfg)
@@ -186,6 +192,17 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
     datamodule.prepare_data()
     datamodule.setup("test")
     return model, datamodule
+
+
+def _note_other_location(cfg: DictConfig, key: str, trained: Any) -> None:
+    """One line where this run reads other files than the checkpoint was trained on."""
+    here = plain(cfg.data.get(key))
+    if trained is not None and here != plain(trained):
+        logging.getLogger(__name__).warning(
+            f"ckpt_path={cfg.ckpt_path}: trained with data.{key}={trained}; this run uses "
+            f"data.{key}={here} (locations never come from a checkpoint: give data.{key}= to "
+            "use others)"
+        )
 
 
 def _select_data(cfg: DictConfig, trained_on: str) -> None:
@@ -215,8 +232,8 @@ def _select_data(cfg: DictConfig, trained_on: str) -> None:
             cfg.data.update(typed)  # data.num_workers=0 and the like, as typed
         return
     how = (
-        f"select its data group: {' or '.join(f'data={g}' for g in groups)} (its data "
-        "settings, path included, come from the checkpoint)"
+        f"select its data group: {' or '.join(f'data={g}' for g in groups)} (its split "
+        "settings come from the checkpoint, its paths from this command line and conf/)"
         if groups
         else "add a config for it in conf/data/ and select it (data=...)"
     )

@@ -134,11 +134,13 @@ def predict(cfg: Any) -> Path:
     from fasttrain.assemble import restore
     from fasttrain.deploy import resolve_device, torch_runner
     from fasttrain.deploy.inputs import input_statistics, with_preprocessing
-    from fasttrain.deploy.predict import load_inputs, predict, write_predictions
+    from fasttrain.deploy.predict import check_input_task, load_inputs, predict, write_predictions
 
     device = resolve_device(str(cfg.device))
     if cfg.get("prompt") is not None:
         return generate_text(cfg, device)
+    if cfg.input:
+        check_input_task(cfg.ckpt_path, cfg.input)  # before the data module is built
     model, datamodule = restore(cfg)
     net, rows = model, "the test split"  # the model's forward: its own preprocessing, if any
     if cfg.input:
@@ -166,14 +168,15 @@ def generate_text(cfg: Any, device: Any) -> Path:
     from fasttrain.checkpoints.load import load_task
     from fasttrain.data.tokenizer import from_json
     from fasttrain.deploy.files import atomic_path
-    from fasttrain.deploy.generate import check_sampling, generate
+    from fasttrain.deploy.generate import check_prompt, check_sampling, generate
 
-    check_sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k)
-    model, _ = load_task(cfg.ckpt_path)
+    check_sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k)  # before the checkpoint
+    check_prompt(cfg.prompt)
+    model, _ = load_task(cfg.ckpt_path)  # its tokenizer checked (LanguageModel.check_tokenizer)
     if not hasattr(model, "generate") or getattr(model, "tokenizer_json", None) is None:
         raise UserError(f"prompt=: ckpt_path={cfg.ckpt_path} is not a language model's "
                         "checkpoint (no tokenizer); prompt= is for model=gpt")  # fmt: skip
-    tokenizer = from_json(model.tokenizer_json, f"ckpt_path={cfg.ckpt_path}")
+    tokenizer = from_json(model.tokenizer_json, f"ckpt_path={cfg.ckpt_path}: its tokenizer")
     result = generate(model, tokenizer, str(cfg.prompt), int(cfg.max_new_tokens),
                       float(cfg.temperature), cfg.top_k, int(cfg.seed), device,
                       bool(cfg.get("kv_cache", True)))  # fmt: skip
@@ -295,8 +298,9 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str,
             commands["view"] = view_url(pinned)
     python = shown(sys.executable)
     if ckpt:
-        # The data group, split and settings come from the checkpoint (assemble.restore).
-        arg = shell_word(f"ckpt_path={quote(shown(ckpt))}")
+        # The data group and split come from the checkpoint (assemble.restore), its locations
+        # from the command line: the ones this run was given are repeated.
+        arg = " ".join([shell_word(f"ckpt_path={quote(shown(ckpt))}"), *data_locations()])
         commands["evaluate"] = f"{python} -m fasttrain.evaluate {arg}"
         commands["export"] = f"{python} -m fasttrain.export {arg}"
     newest = checkpoint_to_resume("auto", str(run_dir))
@@ -304,6 +308,23 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str,
         command = how_to_continue(newest).partition("continue with: ")[2]
         commands["resume"] = " ".join(shell_word(word) for word in shlex.split(command))
     return {name: command for name, command in commands.items() if command}
+
+
+def data_locations() -> list[str]:
+    """The data group and the data locations (data.path=..., fasttrain.data.base.is_location)
+    this run's command line gave, as shell words; none when it gave no location."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from fasttrain.data.base import is_location
+
+    if not HydraConfig.initialized():
+        return []
+    typed = [o for o in HydraConfig.get().overrides.task if o.startswith("data.")]
+    located = [o for o in typed if is_location(o.partition("=")[0].removeprefix("data."))]
+    if not located:
+        return []
+    group = HydraConfig.get().runtime.choices.get("data")
+    return [shell_word(o) for o in ([f"data={group}"] if group else []) + located]
 
 
 def shell_word(arg: str) -> str:

@@ -12,6 +12,7 @@ mean/std per feature (tabular data) or one for all values (pixels).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -21,9 +22,29 @@ from torch.utils.data import TensorDataset
 
 from fasttrain.config.errors import ConfigError, check_shape
 from fasttrain.data.base import TensorDataModule
-from fasttrain.data.folds import check_folds, fold_indices
+from fasttrain.data.checks import (
+    Sizes,
+    check_class_sizes,
+    check_finite,
+    check_rows,
+    needs_text,
+)
+from fasttrain.data.folds import check_folds, fold_indices, fold_sizes
 
 Standardize = Literal["per_feature", "global", "none"]
+
+
+def shuffle_sizes(val_fraction: float, test_fraction: float) -> Sizes:
+    """rows -> (train, val, test) rows of ArraySplits' split: val and test together round up,
+    then test within them, as scikit-learn rounds a float test_size (ceil)."""
+
+    def sizes(rows: int) -> tuple[int, int, int]:
+        holdout = val_fraction + test_fraction
+        rest = math.ceil(holdout * rows)
+        test = math.ceil(test_fraction / holdout * rest)
+        return rows - rest, rest - test, test
+
+    return sizes
 
 
 class ArraySplits(TensorDataModule):
@@ -75,12 +96,15 @@ class ArraySplits(TensorDataModule):
 
     def make_splits(self) -> dict[str, TensorDataset]:
         x, y = self.load_arrays()
-        x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)  # [N, features]
+        x = np.asarray(x, dtype=np.float64)  # [N, ...] as loaded: a NaN's place reads as given
+        check_finite(x, self.source(), "the features")
+        x = x.reshape(len(x), -1)  # [N, features]
         targets = self.checked_targets(np.asarray(y), len(x))
         if x.shape[1] != int(np.prod(self.input_shape)):
             raise ConfigError(
                 "input_shape", list(self.input_shape), f"samples have {x.shape[1]} values"
             )
+        self.check_rows(targets.numpy())
         train, val, test = self._split_rows(targets.numpy())
         mean, std = self._statistics(x[train])
         self.mean, self.std = mean, std  # [features] or scalars: input_statistics() shapes them
@@ -98,21 +122,42 @@ class ArraySplits(TensorDataModule):
     def fit_targets(self, train_targets: torch.Tensor) -> None:
         """Statistics of the training split's targets, for a subclass that keeps any."""
 
+    def check_rows(self, y: np.ndarray) -> None:
+        """Enough rows for the split (fasttrain.data.checks): every held-out split at least
+        `held_out_rows`, one to train; stratified, every split at least one row per class (as
+        scikit-learn demands) and every class two rows. y: [N] labels or [N, targets]."""
+        classes = len(np.unique(y)) if self.stratified else 0
+        least = max(self.held_out_rows, classes)
+        need = (max(1, classes), least, least)
+        why = needs_text(need) + (f": one per class of {classes}" if self.stratified else "")
+        if self.fold is None:
+            sizes = shuffle_sizes(self.val_fraction, self.test_fraction)
+            asked = (
+                f"data.val_fraction={self.val_fraction} and data.test_fraction={self.test_fraction}"
+            )
+        else:
+            sizes = fold_sizes(self.num_folds, self.test_fraction)
+            asked = f"data.num_folds={self.num_folds} and data.test_fraction={self.test_fraction}"
+        check_rows(len(y), sizes, need, self.source(), asked, why)
+        if self.stratified:
+            check_class_sizes(y, self.source())
+
     def _split_rows(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(train, val, test) row indices, fixed by seed; stratified by y for class labels."""
+        """(train, val, test) row indices, fixed by seed; stratified by y for class labels. The
+        held-out counts are shuffle_sizes' (as scikit-learn's own rounding of the fractions)."""
         from sklearn.model_selection import train_test_split  # ~0.4 s: only where it splits
 
         if self.fold is not None:
             return fold_indices(y, self.num_folds, self.fold, self.test_fraction, self.seed,
                                 stratify=self.stratified)  # fmt: skip
-        rows = np.arange(len(y))
-        holdout = self.val_fraction + self.test_fraction
-        train, rest = train_test_split(rows, test_size=holdout, random_state=self.seed,
+        _, n_val, n_test = shuffle_sizes(self.val_fraction, self.test_fraction)(len(y))
+        train, rest = train_test_split(np.arange(len(y)), test_size=n_val + n_test,
+                                       random_state=self.seed,
                                        stratify=y if self.stratified else None)  # fmt: skip
-        val, test = train_test_split(
-            rest, test_size=self.test_fraction / holdout, random_state=self.seed,
-            stratify=y[rest] if self.stratified else None,
-        )  # fmt: skip
+        if self.stratified:  # a class with one row among the held-out ones cannot be split
+            check_class_sizes(y[rest], self.source(), f" among the {len(rest)} held out")
+        val, test = train_test_split(rest, test_size=n_test, random_state=self.seed,
+                                     stratify=y[rest] if self.stratified else None)  # fmt: skip
         return train, val, test
 
     def input_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fasttrain.config.errors import ConfigError
 from fasttrain.data.batches import Batched, as_batch, device_loader
+from fasttrain.data.checks import Sizes
 from fasttrain.data.prefetch import PREFETCHING
 from fasttrain.data.resumable import ResumableLoader, first_epoch
 
@@ -28,6 +29,14 @@ LOADER_ARGS = (
     "batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
     "device_prefetch", "on_device",
 )  # fmt: skip
+
+
+def is_location(key: str) -> bool:
+    """Whether a data argument says where files are read or written (path, cache_dir,
+    tokenizer_file, x_path, download, ...). These come from the command line and the user's
+    conf/, never from a checkpoint: a checkpoint from elsewhere (or a crafted one) would read
+    and write wherever it says (fasttrain.assemble.restore)."""
+    return key in ("path", "root", "download") or key.endswith(("_path", "_dir", "_file", "_root"))
 
 
 # A data module's record of what each split holds ({split: {"files", "sha256"}}), kept with its
@@ -87,6 +96,17 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
             raise ConfigError(name, frac, "expected a fraction strictly between 0 and 1")
     if val_fraction + test_fraction >= 1.0:
         raise ConfigError("val_fraction", val_fraction, "val_fraction + test_fraction must be < 1")
+
+
+def floor_sizes(val_fraction: float, test_fraction: float) -> Sizes:
+    """rows -> (train, val, test) rows of a split that holds out at least one row each, rounding
+    down (fasttrain.data.npy and .synthetic cut their shuffled rows so)."""
+
+    def sizes(rows: int) -> tuple[int, int, int]:
+        val, test = max(1, int(rows * val_fraction)), max(1, int(rows * test_fraction))
+        return rows - val - test, val, test
+
+    return sizes
 
 
 def worker_init(rank: int) -> Callable[[int], None]:
@@ -188,13 +208,30 @@ class TensorDataModule(L.LightningDataModule):
         self.device_prefetch = device_prefetch
         self._said_no_prefetch = False
 
+    # The fewest rows each held-out split may get: one sample scores a class label; a
+    # regression's R^2 needs two (fasttrain.data.regression).
+    held_out_rows = 1
+
     def make_splits(self) -> dict[str, TensorDataset]:
-        """{"train", "val", "test"} -> (x: float32 [N, *input_shape], y: int64 [N]) datasets."""
+        """{"train", "val", "test"} -> (x: float32 [N, *input_shape], y: int64 [N]) datasets.
+        Checks what only the loaded arrays tell (fasttrain.data.checks): enough rows for the
+        splits, no NaN or inf."""
         raise NotImplementedError
+
+    def source(self) -> str:
+        """Where the data came from, as its errors name it: the override of a file (npy's
+        data.path=...), else the data set."""
+        return type(self).__name__
 
     def setup(self, stage: str | None = None) -> None:
         if not self.splits:  # every stage shares one split; build it once per process
             self.splits = {k: Batched(*v.tensors) for k, v in self.make_splits().items()}
+
+    def prepare_before_trainer(self) -> None:
+        """Load, check and split the data before the trainer and its loggers exist
+        (fasttrain.assemble.build_run): too few rows or a NaN is then one line before the run
+        (logger, checkpoints) writes anything. Lightning's later setup() finds them built."""
+        self.setup()
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         if self.on_device:

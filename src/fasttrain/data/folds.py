@@ -12,21 +12,37 @@ plays no part: a fold validates on 1/K of the pool.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 
 from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.data.checks import Sizes
 
 
 def check_folds(num_folds: int, fold: int | None) -> None:
-    """Constructor-time checks (before a run writes anything); the size check needs the labels
-    and happens in `fold_indices`."""
+    """Constructor-time checks (before a run writes anything); the size checks need the rows:
+    the data module's (fasttrain.data.checks, with `fold_sizes`) and `fold_indices`' own."""
     if num_folds < 2:
         raise ConfigError("num_folds", num_folds, "expected an int >= 2")
     if fold is not None and not 0 <= fold < num_folds:
         raise ConfigError(
             "fold", fold, f"expected 0..{num_folds - 1} (data.num_folds={num_folds}) or null"
         )
+
+
+def fold_sizes(num_folds: int, test_fraction: float) -> Sizes:
+    """rows -> the smallest (train, val, test) rows of any fold: test rounds up (as scikit-learn
+    rounds a float test_size); the pool's folds differ by one row at most, so the smallest
+    validation fold holds pool // K rows and the smallest training part pool - ceil(pool / K)."""
+
+    def sizes(rows: int) -> tuple[int, int, int]:
+        test = math.ceil(test_fraction * rows)
+        pool = rows - test
+        return pool - -(-pool // num_folds), pool // num_folds, test
+
+    return sizes
 
 
 def fold_indices(
@@ -40,7 +56,8 @@ def fold_indices(
     """(train, val, test) row indices into y [N] for fold `fold` of `num_folds`; `stratify`:
     by y's classes (real-valued targets: plain shuffled folds)."""
     rows = np.arange(len(y))
-    pool, test = train_test_split(rows, test_size=test_fraction, stratify=y if stratify else None,
+    n_test = fold_sizes(num_folds, test_fraction)(len(y))[2]
+    pool, test = train_test_split(rows, test_size=n_test, stratify=y if stratify else None,
                                   random_state=seed)  # fmt: skip
     if not stratify:
         if len(pool) < num_folds:

@@ -8,7 +8,8 @@ test split is never the one that picks the best checkpoint. Classes are the subf
 sorted (or `classes`, in that order), scanned when the module is built: before a run writes
 anything, every class folder must hold images and every image's header must read. The list is
 saved with the checkpoint's data settings, so evaluate and predict map indices to the same
-names. Files of other types are ignored.
+names. Files of other types are ignored. Pixels decode to uint8 (a floating-point image is
+refused: fasttrain.data.images.upright_8bit), so no NaN or inf can reach the model from here.
 """
 
 from __future__ import annotations

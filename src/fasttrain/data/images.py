@@ -8,6 +8,10 @@ stored with the model and evaluate, export and predict apply the same.
 
 JPEGs are decoded at reduced size when the network's input is much smaller than the file
 (Pillow's `draft`, a DCT-domain downscale): a 2-4x cheaper decode for large photos.
+
+Pixels are integers on every path (8-bit as decoded, 16-bit scaled to 8, floating-point images
+refused: `upright_8bit`), so image data cannot carry NaN or inf and is not checked for them as
+the in-memory arrays are (fasttrain.data.checks).
 """
 
 from __future__ import annotations

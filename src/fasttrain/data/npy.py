@@ -1,8 +1,10 @@
 """Arrays on disk: `<path>/x.npy` (samples) and `<path>/y.npy` (integer labels).
 
 Everything that can be wrong with the files is checked when the module is built, before a run
-starts: missing or unreadable files, sample shape against `input_shape`, dtypes, lengths, and
-labels against `num_classes`. Only the headers and the labels are read then (x is memory-mapped).
+starts: missing or unreadable files, sample shape against `input_shape`, dtypes, lengths, labels
+against `num_classes`, and enough rows for the splits. Only the headers and the labels are read
+then (x is memory-mapped). NaN or inf in a float x.npy is refused when x is read, at setup
+(before the trainer exists: TensorDataModule.prepare_before_trainer).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fasttrain.config.errors import ConfigError, check_shape
-from fasttrain.data.base import TensorDataModule
-from fasttrain.data.folds import check_folds, fold_indices
+from fasttrain.data.base import TensorDataModule, floor_sizes
+from fasttrain.data.checks import check_class_sizes, check_finite_served, check_rows, needs_text
+from fasttrain.data.folds import check_folds, fold_indices, fold_sizes
 
 
 class NpyDataModule(TensorDataModule):
@@ -62,9 +65,9 @@ class NpyDataModule(TensorDataModule):
             raise ConfigError(
                 "path", path, f"y.npy holds {y.dtype} {list(y.shape)}; expected 1-D integer labels"
             )
-        if len(y) != len(x) or len(x) < 3:
+        if len(y) != len(x) or len(x) == 0:
             raise ConfigError(
-                "path", path, f"x.npy has {len(x)} samples, y.npy {len(y)}; expected equal, >= 3"
+                "path", path, f"x.npy has {len(x)} samples, y.npy {len(y)}; expected equal, >= 1"
             )
         low, high = int(y.min()), int(y.max())
         if low < 0 or high >= num_classes:
@@ -72,7 +75,30 @@ class NpyDataModule(TensorDataModule):
                 "num_classes", num_classes,
                 f"y.npy labels span {low}..{high}; expected 0..{num_classes - 1}",
             )  # fmt: skip
+        self.check_rows(np.asarray(y))
         self.save_hyperparameters()
+
+    def source(self) -> str:
+        return f"data.path={self.path}"
+
+    def check_rows(self, y: np.ndarray) -> None:
+        """Enough rows for the split, from the labels alone (fasttrain.data.checks): one row in
+        each held-out split and one to train; the stratified folds (`fold` set) also one of each
+        class in every split and two rows of each class."""
+        if self.fold is None:
+            asked = (
+                f"data.val_fraction={self.val_fraction} and data.test_fraction={self.test_fraction}"
+            )
+            sizes, need = floor_sizes(self.val_fraction, self.test_fraction), (1, 1, 1)
+            check_rows(len(y), sizes, need, self.source(), asked, needs_text(need))
+            return
+        classes = len(np.unique(y))
+        asked = f"data.num_folds={self.num_folds} and data.test_fraction={self.test_fraction}"
+        need = (classes, classes, classes)
+        why = f"{needs_text(need)}: one per class of {classes}"
+        check_rows(len(y), fold_sizes(self.num_folds, self.test_fraction), need, self.source(),
+                   asked, why)  # fmt: skip
+        check_class_sizes(y, self.source())
 
     def input_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) with net input = (raw - mean) / std: uint8 x.npy is scaled to [0, 1]
@@ -96,14 +122,15 @@ class NpyDataModule(TensorDataModule):
     def make_splits(self) -> dict[str, TensorDataset]:
         x, y = np.load(self.path / "x.npy"), np.load(self.path / "y.npy")
         xs = torch.as_tensor(x, dtype=torch.float32) / (255.0 if x.dtype == np.uint8 else 1.0)
+        if x.dtype.kind == "f":  # uint8 pixels and integer labels cannot be NaN or inf
+            check_finite_served(x, xs.numpy(), self.source(), "x.npy")  # [N, *input_shape]
         ys = torch.as_tensor(y, dtype=torch.long)
         if self.fold is not None:  # stratified k-fold (fasttrain.data.folds)
             rows = fold_indices(y, self.num_folds, self.fold, self.test_fraction, self.seed)
             parts = tuple(torch.as_tensor(r) for r in rows)
         else:
             order = torch.randperm(len(xs), generator=torch.Generator().manual_seed(self.seed))
-            n_val = max(1, int(len(xs) * self.val_fraction))
-            n_test = max(1, int(len(xs) * self.test_fraction))
-            parts = order.split([len(xs) - n_val - n_test, n_val, n_test])
+            sizes = floor_sizes(self.val_fraction, self.test_fraction)(len(xs))
+            parts = order.split(list(sizes))
         return {name: TensorDataset(xs[idx], ys[idx]) for name, idx in
                 zip(("train", "val", "test"), parts, strict=True)}  # fmt: skip

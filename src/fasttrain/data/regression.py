@@ -20,6 +20,7 @@ import torch
 
 from fasttrain.config.errors import ConfigError
 from fasttrain.data.arrays import ArraySplits, Standardize
+from fasttrain.data.checks import check_finite_served
 
 
 class RegressionArrayDataModule(ArraySplits):
@@ -31,6 +32,7 @@ class RegressionArrayDataModule(ArraySplits):
     """
 
     stratified = False
+    held_out_rows = 2  # R^2 (the regressor's val/r2, test/r2) is undefined on one sample
 
     def __init__(
         self,
@@ -56,17 +58,15 @@ class RegressionArrayDataModule(ArraySplits):
         if y.dtype.kind not in "biuf" or len(y) != n:
             raise ConfigError("num_targets", self.num_targets,
                               f"targets are {y.dtype} {list(y.shape)} for {n} samples")  # fmt: skip
-        y = y.reshape(n, -1)
+        with np.errstate(over="ignore"):  # beyond float32's range: refused just below
+            served = y.astype(np.float32)  # y [N] or [N, targets], as given
+        check_finite_served(y, served, self.source(), "the targets")
+        y = served.reshape(n, -1)
         if y.shape[1] != self.num_targets:
             raise ConfigError(
                 "num_targets", self.num_targets, f"the data has {y.shape[1]} targets per sample"
             )
-        bad = np.flatnonzero(~np.isfinite(y).all(axis=1))
-        if len(bad):
-            row = bad[0]
-            raise ConfigError("num_targets", self.num_targets,
-                              f"target row {row} is not finite ({y[row].tolist()})")  # fmt: skip
-        return torch.as_tensor(y, dtype=torch.float32)
+        return torch.as_tensor(y)
 
     def fit_targets(self, train_targets: torch.Tensor) -> None:
         # float64 for the statistics; a constant target is centred, not divided by zero.

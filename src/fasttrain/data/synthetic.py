@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fasttrain.config.errors import ConfigError, check_shape
-from fasttrain.data.base import TensorDataModule
+from fasttrain.data.base import TensorDataModule, floor_sizes
+from fasttrain.data.checks import fewest_rows, meets
 
 
 class SyntheticDataModule(TensorDataModule):
@@ -32,8 +33,14 @@ class SyntheticDataModule(TensorDataModule):
         super().__init__(
             val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, **loader
         )
-        if num_samples < 3:
-            raise ConfigError("num_samples", num_samples, "expected an int >= 3 (one per split)")
+        sizes = floor_sizes(val_fraction, test_fraction)
+        if not meets(sizes, (1, 1, 1), num_samples):  # the config alone tells: refused at once
+            least = fewest_rows(sizes, (1, 1, 1))
+            raise ConfigError(
+                "num_samples", num_samples,
+                f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} need "
+                f"at least {least} (one in each split)",
+            )  # fmt: skip
         if num_classes < 2:
             raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         self.num_samples, self.num_classes = num_samples, num_classes
@@ -49,9 +56,8 @@ class SyntheticDataModule(TensorDataModule):
         x = torch.randn(self.num_samples, *self.input_shape, generator=gen)
         proj = torch.randn(x[0].numel(), self.num_classes, generator=gen)
         y = (x.flatten(1) @ proj).argmax(dim=1)
-        n_val = max(1, int(self.num_samples * self.val_fraction))
-        n_test = max(1, int(self.num_samples * self.test_fraction))
-        n_train = self.num_samples - n_val - n_test
+        # Gaussian x: always finite, nothing for fasttrain.data.checks to refuse.
+        n_train, n_val, _ = floor_sizes(self.val_fraction, self.test_fraction)(self.num_samples)
         bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val),
                   "test": (n_train + n_val, self.num_samples)}  # fmt: skip
         return {name: TensorDataset(x[a:b], y[a:b]) for name, (a, b) in bounds.items()}

@@ -201,6 +201,7 @@ def test_a_nan_in_npy_is_refused_while_the_run_is_built_before_the_trainer(
     )
 
 
+@pytest.mark.slow  # a process to its refusal, ~15 s on 2 cores; in-process tests cover the rest
 def test_the_command_line_exits_2_with_one_line_and_no_checkpoint(tmp_path: Path) -> None:
     """It used to finish (exit 0) with val/loss nan, a best checkpoint and next commands."""
     folder = npy_with_nan(tmp_path / "npy")

@@ -102,6 +102,7 @@ def test_generation_settings_are_refused_before_the_checkpoint_is_read(
     assert not list(tmp_path.rglob("generation.txt"))
 
 
+@pytest.mark.slow  # a process to its refusal, ~15 s on 2 cores; in-process tests cover the rest
 def test_a_prompt_that_is_not_utf8_is_one_line_exit_2(lm_ckpt: Path, tmp_path: Path) -> None:
     # A byte that is not UTF-8 reaches Python as a lone surrogate (surrogateescape: 0xff ->
     # U+DCFF); os.fsencode turns "\udcff" back into that byte on the way out.

@@ -88,6 +88,7 @@ def refused(proc: Any, took: float, override: str) -> str:
 
 
 # ---- a tracker that is not there: one line, before the run, nothing left ----------------------
+@pytest.mark.slow  # a process to its refusal, ~15 s on 2 cores; in-process tests cover the rest
 def test_an_unreachable_mlflow_server_is_one_line_before_the_run(tmp_path: Path) -> None:
     # Was: MLflow's client retried (7 times, with backoff) for minutes, then a traceback.
     uri = f"http://127.0.0.1:{closed_port()}"
@@ -101,6 +102,7 @@ def test_an_unreachable_mlflow_server_is_one_line_before_the_run(tmp_path: Path)
     assert files_in(logs) == [] and files_in(work) == []  # no run folder, no store, no mlruns/
 
 
+@pytest.mark.slow  # a process to its refusal, ~15 s on 2 cores; in-process tests cover the rest
 def test_wandb_online_without_a_server_is_one_line_before_the_run(tmp_path: Path) -> None:
     # Was: with an API key, wandb.init retried the server for two minutes, then a traceback
     # and a half-made wandb/ folder in the run folder.

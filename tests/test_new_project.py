@@ -65,7 +65,7 @@ def check_renamed(project: Path, package: str) -> None:
     pyproject = (project / "pyproject.toml").read_text()
     project_name = package.replace("_", "-")
     assert f'name = "{project_name}"' in pyproject
-    assert f'{project_name}-train = "{package}.train:main"' in pyproject
+    assert f'{project_name}-train = "{package}.train:run"' in pyproject
     readme = (project / "README.md").read_text()
     assert readme.startswith(f"# {project_name}\n")
     # The README tells how to copy the project with copier only where copier.yml came along.

@@ -19,6 +19,7 @@ config repository once per group it lists (~0.6 s more on a 2-core machine).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -114,6 +115,13 @@ def script(main: Callable[[], Any]) -> None:
                 stream.flush()
         logging.shutdown()
         os._exit(USER_ERROR_EXIT)
+
+
+def entry_points(config_name: str, task: Callable[[Any], Any]) -> tuple[Callable[[], None], ...]:
+    """(main, run) of an entry point module: `main` for in-process callers (tests, notebooks),
+    `run` for the process itself (`python -m ...`, the console scripts; see `script`)."""
+    main = functools.partial(entry, config_name, task)
+    return main, functools.partial(script, main)
 
 
 def optimized_metric(result: Any, name: str | None) -> float | None:

@@ -1,11 +1,8 @@
 """python -m fasttrain.export ckpt_path=PATH [format=onnx]: deployable files, each checked."""
 
-from functools import partial
-
 from fasttrain import tasks
-from fasttrain.cli import entry, script
+from fasttrain.cli import entry_points
 
-main = partial(entry, "export", tasks.export)
-run = partial(script, main)  # the process itself: the fasttrain-export script
+main, run = entry_points("export", tasks.export)  # run: the fasttrain-export script
 if __name__ == "__main__":
     run()

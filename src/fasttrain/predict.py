@@ -1,11 +1,8 @@
 """python -m fasttrain.predict ckpt_path=PATH [input=x.npy]: predictions.csv."""
 
-from functools import partial
-
 from fasttrain import tasks
-from fasttrain.cli import entry, script
+from fasttrain.cli import entry_points
 
-main = partial(entry, "predict", tasks.predict)
-run = partial(script, main)  # the process itself: the fasttrain-predict script
+main, run = entry_points("predict", tasks.predict)  # run: the fasttrain-predict script
 if __name__ == "__main__":
     run()

@@ -102,4 +102,11 @@ def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[
         model.on_load_checkpoint(ckpt)  # the task's own records (a language model's tokenizer)
     except UserError as err:  # a record the task refuses: "its tokenizer ...", named here
         raise UserError(f"ckpt_path={path}: {err}") from None
+    tokenizer, vocab = getattr(model, "tokenizer_json", None), getattr(model, "vocab_size", None)
+    # A language model's tokenizer: its own format, and ids within the model's embedding.
+    if tokenizer is not None and vocab is not None:
+        from fasttrain.data.tokenizer import check_vocabulary, from_json
+
+        where = f"ckpt_path={path}: its tokenizer"
+        check_vocabulary(from_json(tokenizer, where), int(vocab), where)
     return model.eval(), data

@@ -199,19 +199,17 @@ class LanguageModel(Task):
             self.tokenizer_json = record
 
     def check_tokenizer(self, record: Any) -> None:
-        """A checkpoint's tokenizer entry: JSON text (fasttrain.data.tokenizer) of a tokenizer in
-        its own format, whose ids are all rows of this model's embedding. Read from a file,
-        it can be anything: refused here in one line, not as an error in the embedding.
-        fasttrain.checkpoints.load names the checkpoint in front of the message."""
-        from fasttrain.data.tokenizer import check_vocabulary, from_json
-
+        """A checkpoint's tokenizer entry must be its JSON text; read from a file, it can be
+        anything. Its format and its ids against this model's vocabulary are checked where a
+        checkpoint is loaded for evaluate, export and predict (fasttrain.checkpoints.load: the
+        data layer's tokenizer is not this layer's to import); resuming compares it with the
+        data's own tokenizer."""
         where = "its tokenizer"
         if self._trainer is not None:  # trainer.fit or test with ckpt_path=
             where = f"ckpt_path={self.trainer.ckpt_path}: {where}"
         if not isinstance(record, str):
             raise UserError(f"{where} is of type {type(record).__name__}, expected "
                             "its JSON text (a str): not a checkpoint fasttrain wrote")  # fmt: skip
-        check_vocabulary(from_json(record, where), self.vocab_size, where)
 
     # ---- held-out values: ppl and bits per byte from the epoch's mean loss ---------------
     def on_validation_epoch_end(self) -> None:

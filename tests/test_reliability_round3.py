@@ -200,8 +200,9 @@ def test_evaluate_says_when_the_image_files_changed(
         image(root / "b" / f"more_{i}.png", (20, 20), "L", 120)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", f"paths.root_dir={tmp_path}/e",
-                                         f"paths.output_dir={tmp_path}/e/run"])  # fmt: skip
-    restore(cfg)
+                                         f"paths.output_dir={tmp_path}/e/run",
+                                         "data=image_folder", f"data.path={root}"])  # fmt: skip
+    restore(cfg)  # the folder typed: a location never comes from the checkpoint
     said = [r.getMessage() for r in caplog.records if "data files changed" in r.getMessage()]
     assert said and said[0].startswith(f"ckpt_path={ckpt}: the data files changed since the ")
     caplog.clear()

@@ -300,7 +300,7 @@ def test_image_folder_trains_on_the_gpu_with_the_checkpoint_normalising(tmp_path
     assert 0.0 <= metrics["test/acc"] <= 1.0
     (ckpt,) = (tmp_path / "train").rglob("*.ckpt")
     again = evaluate(compose_task("eval", tmp_path, f"ckpt_path='{ckpt}'", "data=image_folder",
-                                  "data.num_workers=0"))  # fmt: skip
+                                  f"data.path={root}", "data.num_workers=0"))  # fmt: skip
     assert again["test/acc"] == pytest.approx(metrics["test/acc"])
 
 

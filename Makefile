@@ -11,6 +11,10 @@ STAMP := $(VENV)/.installed
 # Optuna sweeps, the SLURM launcher, copier, image decoding and shards, BPE tokenizers, MLflow, W&B)
 EXTRAS ?= dev,export,notebooks,sweep,cluster,template,data,text,mlflow,wandb
 ARGS ?=
+# one pytest worker per CPU, each taking whole test files (a file's shared runs are made once);
+# TEST_WORKERS=0 runs in this process (a debugger, -s)
+TEST_WORKERS ?= logical
+PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # make tensorboard PORT=6007; make new-project NAME=acme_vision DEST=../acme_vision
 PORT ?= 6006
 NAME ?=
@@ -41,11 +45,11 @@ export: $(STAMP) ## export CKPT=x.ckpt to ONNX, TorchScript, int8, fp16 and chec
 	$(BIN)/python -m fasttrain.export "ckpt_path='$(CKPT)'" $(ARGS)
 
 test: $(STAMP) ## run the test suite (offline, CPU, minutes); slow tests: make test-slow
-	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+	$(PYTEST) -m "not slow" $(ARGS)
 
 test-slow: $(STAMP) ## run only the long tests (CI runs them after make test)
 	@# pytest exits 5 when no test is marked slow: nothing to run is not a failure.
-	$(BIN)/python -m pytest -m slow $(ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) -m slow $(ARGS) || [ $$? -eq 5 ]
 
 lint: $(STAMP) ## ruff lint + format check, then mypy on src/
 	$(BIN)/ruff check .

@@ -3,6 +3,7 @@ its own tests pass. Generated into a temp folder; this checkout's .venv runs its
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -28,6 +29,10 @@ def make_new_project(dest: Path, name: str = NEW) -> subprocess.CompletedProcess
         ["make", "-s", "new-project", f"NAME={name}", f"DEST={dest}", f"PYTHON={sys.executable}"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+# its suite as `make test` runs it: test files in parallel, one worker per CPU
+PARALLEL = ["-n", "logical", "--dist", "loadfile"] if importlib.util.find_spec("xdist") else []
 
 
 def run_tests(project: Path, *args: str) -> subprocess.CompletedProcess:
@@ -187,7 +192,7 @@ def test_update_merges_the_template_and_keeps_the_projects_own(updated) -> None:
 def test_new_project_passes_its_default_suite(updated) -> None:
     # the updated project: its own net and data set, the template's fix and that fix's test in
     project, _, _ = updated
-    proc = run_tests(project, "-m", "not slow", "-x")
+    proc = run_tests(project, "-m", "not slow", "-x", *PARALLEL)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert "test_update_probe.py" in run_tests(project, "--co", "-q").stdout
 

@@ -126,7 +126,9 @@ def refuse(args: list[str], tmp_path: Path, timeout: float = 90) -> tuple[int, s
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(STUCK)
-    env = {**os.environ, "PYTHONPATH": str(site), "CUDA_VISIBLE_DEVICES": ""}
+    # prepended: a generated project's tests import its package from PYTHONPATH
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("HYDRA_FULL_ERROR", None)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, *args, f"paths.log_dir={tmp_path / 'logs'}"],

@@ -356,7 +356,7 @@ def bench_recipe(out: Path, smoke: bool, device: str) -> dict[str, Any]:
                 f"data.batch_size={batch}", "logger=none", "callbacks.checkpoint=null",
                 "callbacks.best=null", "callbacks.progress_bar=null", "train=true", "test=false",
                 f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}", "trainer.devices=1",
-                f"+trainer.max_steps={warmup + measured}", "+trainer.limit_val_batches=0",
+                f"trainer.max_steps={warmup + measured}", "trainer.limit_val_batches=0",
                 "+trainer.num_sanity_val_steps=0", "+trainer.enable_progress_bar=false",
                 "+trainer.enable_checkpointing=false", *overrides, *size,
             ],

@@ -15,8 +15,8 @@ from conftest import CONF
 # A linear-ish MLP on digits, no workers, no checkpoint or logger unless a test asks for them.
 QUICK = [
     "model=mlp", "model.scheduler=null", "data.num_workers=0", "callbacks=none", "logger=none",
-    "trainer.max_epochs=1", "+trainer.limit_train_batches=4", "+trainer.limit_val_batches=1",
-    "+trainer.limit_test_batches=1", "+trainer.enable_progress_bar=false",
+    "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1", "+trainer.enable_progress_bar=false",
     "+trainer.enable_model_summary=false", "+trainer.enable_checkpointing=false",
 ]  # fmt: skip
 

@@ -28,7 +28,7 @@ def test_optimizer_steps_are_batches_over_n(tmp_path: Path) -> None:
 
 def weights_after_one_step(tmp_path: Path, batch_size: int, accumulate: int) -> torch.Tensor:
     cfg = compose_train(tmp_path, *LINEAR, f"data.batch_size={batch_size}",
-                        f"trainer.accumulate_grad_batches={accumulate}", "+trainer.max_steps=1",
+                        f"trainer.accumulate_grad_batches={accumulate}", "trainer.max_steps=1",
                         "trainer.limit_val_batches=0")  # fmt: skip
     trainer, model, datamodule = build_run(cfg)
     trainer.fit(model, datamodule=datamodule)

@@ -97,6 +97,9 @@ CASES = [
     (["logger=tensorbord"], ["logger=tensorbord", "did you mean tensorboard"]),
     (["experiment=nope"], ["experiment=nope", "digits_cnn", "digits_mlp"]),
     (["+trainer.max_epochs=3"], ["trainer.max_epochs", "without the +"]),
+    (["+trainer.max_steps=200"], ["trainer.max_steps", "without the +"]),
+    (["trainer.max_stpes=200"], ["trainer.max_stpes=200", "did you mean trainer.max_steps"]),
+    (["trainer.max_steps=ten"], ["trainer.max_steps='ten'", "int"]),
     (["trainer.max_epochs=[1,"], ["trainer.max_epochs=[1,", "not a valid override"]),
     # wrong types and choices
     (["data.batch_size=abc"], ["data.batch_size='abc'", "expected int"]),
@@ -180,6 +183,18 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     assert exit_.value.code == 2, err
     assert_one_error_line(err, expected)
     assert_nothing_written(log_dir)
+
+
+def test_the_trainers_length_knobs_are_plain_overrides() -> None:
+    # `trainer.max_steps=200` was refused (did you mean trainer.max_epochs?); only the +form ran
+    from fasttrain.config.overrides import check_command_line
+
+    knobs = ["trainer.max_steps=200", "trainer.min_steps=10", "trainer.max_time=00:00:10:00",
+             "trainer.limit_train_batches=0.5", "trainer.limit_val_batches=3",
+             "trainer.limit_test_batches=2", "trainer.val_check_interval=0.25"]  # fmt: skip
+    (job,) = check_command_line("train", knobs).jobs
+    assert job.trainer.max_steps == 200 and job.trainer.max_time == "00:00:10:00"
+    assert job.trainer.limit_train_batches == 0.5 and job.trainer.val_check_interval == 0.25
 
 
 # The real command line for a few: an error before Hydra starts, one while building, and the

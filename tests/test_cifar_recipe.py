@@ -25,8 +25,8 @@ RECIPE = "experiment=cifar10_resnet18"
 # ResNet-18 here), nothing written but metrics.
 TINY = [
     RECIPE, "model.compile=false", "model.net.channels=[8,16,32,64]", "data.batch_size=8",
-    "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_epochs=1", "+trainer.max_steps=2",
-    "+trainer.limit_val_batches=1", "+trainer.limit_test_batches=1", "logger=none",
+    "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_epochs=1", "trainer.max_steps=2",
+    "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "logger=none",
     "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
     "+trainer.enable_checkpointing=false", "callbacks.checkpoint=null", "callbacks.best=null",
     "callbacks.progress_bar=null",
@@ -154,7 +154,7 @@ def test_onecycle_takes_its_peak_from_the_optimizer_and_its_length_from_the_run(
         tmp_path, "model=mlp", "model/scheduler=onecycle", "model/optimizer=sgd",
         "model.optimizer.lr=0.2", "model.lr_scaling=linear", "model.base_batch_size=16",
         "data.batch_size=32", "data.num_workers=0", "callbacks=none", "logger=none",
-        "trainer.max_epochs=1", "+trainer.max_steps=8", "+trainer.limit_val_batches=1",
+        "trainer.max_epochs=1", "trainer.max_steps=8", "trainer.limit_val_batches=1",
         "+trainer.enable_progress_bar=false", "+trainer.enable_checkpointing=false",
         quick=False,
     )  # fmt: skip
@@ -177,7 +177,7 @@ def test_a_one_step_onecycle_warmup_is_refused_in_one_line(tmp_path: Path) -> No
     cfg = compose_train(
         tmp_path, "model=mlp", "model/scheduler=onecycle", "model/optimizer=sgd",
         "data.num_workers=0", "callbacks=none", "logger=none", "trainer.max_epochs=1",
-        "+trainer.max_steps=4", "+trainer.enable_progress_bar=false",
+        "trainer.max_steps=4", "+trainer.enable_progress_bar=false",
         "+trainer.enable_checkpointing=false", quick=False,
     )  # fmt: skip
     trainer, model, datamodule = build_run(cfg)
@@ -275,8 +275,8 @@ def test_recipe_compiled_on_cuda(tmp_path: Path) -> None:
     # then starts from this one's cached graphs.
     cfg = compose_train(
         tmp_path, RECIPE, "data=synthetic", "data.num_samples=4096", "data.batch_size=512",
-        "trainer.accelerator=gpu", "trainer.devices=1", "+trainer.max_steps=6",
-        "+trainer.limit_val_batches=0", "+trainer.num_sanity_val_steps=0", "test=false",
+        "trainer.accelerator=gpu", "trainer.devices=1", "trainer.max_steps=6",
+        "trainer.limit_val_batches=0", "+trainer.num_sanity_val_steps=0", "test=false",
         "logger=none", "callbacks.checkpoint=null", "callbacks.best=null", quick=False,
     )  # fmt: skip
     trainer, model, datamodule = build_run(cfg)

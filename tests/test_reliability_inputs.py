@@ -37,7 +37,7 @@ def nothing_under(folder: Path) -> bool:
 @pytest.mark.parametrize("limit", ["0", "0.0"])
 def test_training_on_no_batch_is_refused(limit: str, tmp_path: Path, monkeypatch, capsys) -> None:
     logs = tmp_path / "logs"
-    argv = ["model=mlp", f"+trainer.limit_train_batches={limit}", f"paths.log_dir={logs}"]
+    argv = ["model=mlp", f"trainer.limit_train_batches={limit}", f"paths.log_dir={logs}"]
     line = refused("train", argv, monkeypatch, capsys)
     assert line.startswith(f"error: trainer.limit_train_batches={limit}: no training batch")
     assert "train=false" in line

@@ -29,7 +29,7 @@ TINY = ["model=gpt", "data=text", "data.block_size=16", "data.batch_size=4",
         "data.val_fraction=0.34", "data.test_fraction=0.34", "data.windows_per_epoch=4",
         "data.eval_windows=2", "model.net.n_layer=1", "model.net.n_embd=16", "model.net.n_head=2",
         "model.scheduler=null", "callbacks=none", "logger=none", "trainer.max_epochs=1",
-        "trainer.accelerator=cpu", "+trainer.limit_val_batches=0",
+        "trainer.accelerator=cpu", "trainer.limit_val_batches=0",
         "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         "+trainer.enable_checkpointing=false"]  # fmt: skip
 LINE = "def 😀 x é\n"  # 14 bytes: a 4-byte and a 2-byte character

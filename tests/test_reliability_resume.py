@@ -99,7 +99,7 @@ def test_the_loader_state_records_its_batch_size() -> None:
 # The cosine of conf/model/scheduler/cosine.yaml, no quick preset: its scheduler=null is the
 # one thing these tests need.
 SCHEDULED = ["model=mlp", "data.num_workers=0", "callbacks=none", "logger=none",
-             "+trainer.limit_train_batches=3", "+trainer.limit_val_batches=0",
+             "trainer.limit_train_batches=3", "trainer.limit_val_batches=0",
              "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
              "+trainer.enable_checkpointing=false", "test=false"]  # fmt: skip
 
@@ -124,9 +124,9 @@ def test_a_run_made_longer_goes_on_along_a_cosine_of_the_new_length(tmp_path, ca
 def test_a_step_schedule_follows_max_steps_and_its_extension(tmp_path: Path) -> None:
     steps = ["model.scheduler_interval=step", "trainer.max_epochs=-1"]
     ckpt = tmp_path / "six_steps.ckpt"
-    _, first = run(tmp_path, *SCHEDULED, *steps, "+trainer.max_steps=6", save=ckpt, quick=False)
+    _, first = run(tmp_path, *SCHEDULED, *steps, "trainer.max_steps=6", save=ckpt, quick=False)
     assert [first.lr[s] for s in range(6)] == pytest.approx([cosine(s, 6) for s in range(6)])
-    _, longer = run(tmp_path, *SCHEDULED, *steps, "+trainer.max_steps=12", ckpt=ckpt,
+    _, longer = run(tmp_path, *SCHEDULED, *steps, "trainer.max_steps=12", ckpt=ckpt,
                     quick=False)  # fmt: skip
     assert [longer.lr[s] for s in range(6, 12)] == pytest.approx(
         [cosine(s, 12) for s in range(6, 12)]
@@ -136,7 +136,7 @@ def test_a_step_schedule_follows_max_steps_and_its_extension(tmp_path: Path) -> 
 def test_an_epoch_schedule_without_epochs_is_refused(tmp_path, monkeypatch, capsys) -> None:
     from fasttrain.train import main
 
-    argv = ["model=mlp", "trainer.max_epochs=-1", "+trainer.max_steps=60",
+    argv = ["model=mlp", "trainer.max_epochs=-1", "trainer.max_steps=60",
             f"paths.log_dir={tmp_path / 'logs'}"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)

@@ -14,8 +14,8 @@ import torch
 from test_reliability_run_names import main_in
 from test_reliability_run_sweeps import train, user_env
 
-SHORT = ["model=mlp", "data.num_workers=0", "logger=tensorboard", "+trainer.limit_train_batches=2",
-         "+trainer.limit_val_batches=2", "test=false", "callbacks.progress_bar=null"]  # fmt: skip
+SHORT = ["model=mlp", "data.num_workers=0", "logger=tensorboard", "trainer.limit_train_batches=2",
+         "trainer.limit_val_batches=2", "test=false", "callbacks.progress_bar=null"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

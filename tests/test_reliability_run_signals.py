@@ -106,7 +106,7 @@ def test_callbacks_none_sigterm_gives_a_command_that_resumes(tmp_path: Path) -> 
     # With callbacks=none Lightning's own checkpoint callback saves in the logger's folder: the
     # run folder itself (fasttrain.callbacks.board.RunLogger), so resume=auto finds it there.
     args = ["model=mlp", "callbacks=none", "logger=tensorboard", "data.num_workers=0",
-            "trainer.max_epochs=2", "+trainer.limit_train_batches=4", "test=false",
+            "trainer.max_epochs=2", "trainer.limit_train_batches=4", "test=false",
             "run_name=N", "+callbacks.killer._target_=killer.Killer",
             "+callbacks.killer.at_step=5", "+callbacks.killer.mode=term"]  # fmt: skip
     proc = train(args, tmp_path, PYTHONPATH=TESTS_DIR)
@@ -133,7 +133,7 @@ def test_sigterm_after_the_batch_end_check_still_saves(mode: str, at: int, tmp_p
     # step, or during validation) stops the run there too: it must still say what holds the step
     # and how to continue, not "nothing saved" (CI once sent its SIGTERM into that window).
     args = ["model=mlp", "data.num_workers=0", "data.batch_size=16", "logger=none", "test=false",
-            "trainer.max_epochs=2", "+trainer.limit_train_batches=4", "run_name=N",
+            "trainer.max_epochs=2", "trainer.limit_train_batches=4", "run_name=N",
             "callbacks.checkpoint.every_n_train_steps=2", "callbacks.progress_bar=null",
             "+callbacks.killer._target_=killer.Killer", f"+callbacks.killer.at_step={at}",
             f"+callbacks.killer.mode={mode}"]  # fmt: skip

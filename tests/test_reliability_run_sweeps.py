@@ -15,7 +15,7 @@ from test_reliability_run_names import files_under, main_in
 from conftest import REPO
 
 SMALL = ["model=mlp", "trainer.max_epochs=1", "data.num_workers=0", "logger=none",
-         "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=2", "test=false",
+         "trainer.limit_train_batches=2", "trainer.limit_val_batches=2", "test=false",
          "callbacks.progress_bar=null"]  # fmt: skip
 
 
@@ -72,7 +72,7 @@ def test_readme_optuna_search(root: str, tmp_path: Path) -> None:
     launch.mkdir()
     env = {"FASTTRAIN_ROOT": str(home)} if root == "FASTTRAIN_ROOT" else {}
     args = ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", "trainer.max_epochs=1",
-            "data.num_workers=0", "logger=none", "+trainer.limit_train_batches=2",
+            "data.num_workers=0", "logger=none", "trainer.limit_train_batches=2",
             "test=false"]  # fmt: skip
     proc = train(args, launch, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]

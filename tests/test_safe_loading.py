@@ -300,8 +300,8 @@ def test_resume_never_builds_a_spec_of_the_checkpoint(mlp_ckpt: Path, tmp_path: 
     crafted = tmp_path / "resume.ckpt"
     torch.save(ckpt, crafted)
     overrides = ["model=mlp", "data.num_workers=0", "logger=none", "callbacks=none",
-                 "trainer.max_epochs=4", "+trainer.limit_train_batches=2",
-                 "+trainer.limit_val_batches=1", "test=false", f"resume={crafted}",
+                 "trainer.max_epochs=4", "trainer.limit_train_batches=2",
+                 "trainer.limit_val_batches=1", "test=false", f"resume={crafted}",
                  f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run"]  # fmt: skip
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         train(compose("train", overrides=overrides))

@@ -40,7 +40,7 @@ def test_optuna_search_maximises_the_metric_the_runs_return(tmp_path: Path) -> N
     proc = run_cli(
         # the batch size is searched: shortened by batch count instead
         ["train.py", "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2",
-         "trainer.max_epochs=1", "data.num_workers=0", "+trainer.limit_train_batches=3"],
+         "trainer.max_epochs=1", "data.num_workers=0", "trainer.limit_train_batches=3"],
         tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -264,3 +264,23 @@ def test_two_runs_at_once_share_a_new_mlflow_database(tmp_path: Path) -> None:
     (experiment,) = [e for e in client.search_experiments() if e.name == "train"]
     names = sorted(r.info.run_name for r in client.search_runs([experiment.experiment_id]))
     assert names == ["r0", "r1"]
+
+
+@pytest.mark.slow  # a sweep of two short runs with MLflow (~30 s): CI runs it in make test-slow
+def test_a_run_has_one_name_in_its_folder_tensorboard_and_mlflow(tmp_path: Path) -> None:
+    # The default name holds the time: read again when MLflow started, a sweep job's MLflow run
+    # was `<time>_seed=1` while its folder (and TensorBoard) said `multirun/<time>/0_seed=1`.
+    from mlflow.tracking import MlflowClient
+    from test_reliability_run_sweeps import jobs_of
+
+    args = ["-m", "logger=mlflow", "model=mlp", "trainer.max_epochs=1", "data.num_workers=0",
+            "callbacks.progress_bar=null", "test=false", "seed=1,2"]  # fmt: skip
+    proc = train(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    home = tmp_path / "logs" / "train"
+    folders = [job.relative_to(home).as_posix() for job in jobs_of(tmp_path)]
+    assert len(folders) == 2 and all(name.startswith("multirun/") for name in folders), folders
+    client = MlflowClient(f"sqlite:///{tmp_path}/logs/mlflow.db")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "train"]
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.info.run_name for r in runs) == folders

@@ -27,7 +27,7 @@ def test_fast_dev_run_leaves_no_checkpoint_a_real_run_would_resume(tmp_path: Pat
     assert debug.returncode == 0, debug.stderr[-3000:]
     assert not list(tmp_path.rglob("*.ckpt"))
     real = run_cli(["train.py", *TINY, "run_name=same", "trainer.max_epochs=1",
-                    "+trainer.limit_train_batches=3", "test=false"], tmp_path)  # fmt: skip
+                    "trainer.limit_train_batches=3", "test=false"], tmp_path)  # fmt: skip
     assert real.returncode == 0, real.stderr[-3000:]
     assert "Restoring states" not in real.stdout + real.stderr  # trained from scratch
     assert (tmp_path / "train" / "same" / "checkpoints" / "last.ckpt").is_file()

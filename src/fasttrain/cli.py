@@ -47,7 +47,7 @@ def entry(config_name: str, task: Callable[[Any], Any]) -> None:
         return
     import hydra
 
-    from fasttrain.config.overrides import check_command_line
+    from fasttrain.config.overrides import check_command_line, pin_run_name
     from fasttrain.distributed.multirun import rank_argv
 
     sys.argv[1:] = argv = rank_argv(argv)  # a DDP rank of a sweep job: that job only
@@ -63,6 +63,7 @@ def entry(config_name: str, task: Callable[[Any], Any]) -> None:
     @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=config_name)
     def hydra_main(cfg: Any) -> float | None:
         one_log_stream()
+        pin_run_name(cfg)
         if claim is not None and claim.moved is not None:
             log.info("resume=never: the previous run in %s is kept in %s", *map(shown, claim.moved))
         result = run_task(task, cfg, undo=claim.undo if claim else None)

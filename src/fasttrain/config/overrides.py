@@ -212,6 +212,20 @@ def _pin(cfg: Any, parsed: list[Any]) -> list[str]:
     return [f"hydra.run.dir={quote(str(cfg.hydra.runtime.output_dir))}"]
 
 
+def pin_run_name(job: Any) -> None:
+    """Read the run's name once, as its folder's path under logs/<task_name>/ (a sweep job's is
+    multirun/<time>/<job>). The default name holds the time (`${now:...}`), which each later
+    read would take again: MLflow and W&B, starting a minute on, named the run otherwise than
+    its folder and TensorBoard did."""
+    if "run_name" not in job or "paths" not in job:
+        return
+    home = Path(str(job.paths.log_dir)) / str(job.task_name)
+    try:
+        job.run_name = Path(str(job.paths.output_dir)).relative_to(home).as_posix()
+    except ValueError:  # hydra.run.dir moved elsewhere: the name as configured, read once
+        job.run_name = str(job.run_name)
+
+
 def quote(value: str) -> str:
     """`value` as one Hydra override value, taken literally (`=`, `,`, spaces...): in single
     quotes, where a backslash is an escape only before a quote (or the closing one)."""

@@ -170,6 +170,17 @@ def test_bad_settings_are_refused_when_built(args: dict, message: str) -> None:
         TextDataModule(**args)
 
 
+@pytest.mark.parametrize("key", ["input_mean", "input_std"])
+def test_normalising_token_ids_is_refused_not_dropped(key: str) -> None:
+    # +model.input_mean=0.5 was accepted and silently dropped
+    from fasttrain.models.language_model import LanguageModel
+    from fasttrain.models.nets.gpt import GPT
+
+    with pytest.raises(UserError, match=rf"{key}=0.5: a language model's inputs are token ids"):
+        LanguageModel(GPT(vocab_size=256, block_size=8, n_layer=1, n_head=1, n_embd=8), None,
+                      **{key: 0.5})  # fmt: skip
+
+
 def run_refused(tmp_path: Path, *overrides: str) -> str:
     proc = run_cli(["train.py", *SMALL, *overrides], tmp_path / "logs", timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]

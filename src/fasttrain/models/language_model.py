@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 
-from fasttrain.config.errors import UserError
+from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.models.task import LrScaling, OptimizerFactory, SchedulerFactory, Task
 
 TOKENIZER_KEY = "tokenizer"  # the checkpoint's tokenizer JSON (fasttrain.data.tokenizer)
@@ -78,6 +78,10 @@ class LanguageModel(Task):
         input_mean: float | Sequence[float] | None = None,
         input_std: float | Sequence[float] | None = None,
     ) -> None:
+        for key, value in (("input_mean", input_mean), ("input_std", input_std)):
+            if value is not None:  # (accepted as None: checkpoints record both)
+                raise ConfigError(key, value, "a language model's inputs are token ids, never "
+                                  "normalised; leave it unset")  # fmt: skip
         self.vocab_size, self.weight_decay = vocab_size, float(weight_decay)
         super().__init__(
             net, optimizer, scheduler, scheduler_interval, lr_scaling, base_batch_size,

@@ -132,6 +132,14 @@ def test_nan_temperature_on_the_command_line_is_one_line_exit_2(
     assert exit_.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("error: temperature=nan: expected a finite number >= 0"), err
     assert not list((tmp_path / "logs").rglob("generation.txt"))
+    # the refused run's folder is gone, and no log handler of this process still writes there
+    # (the next in-process run's first log line failed on the deleted file)
+    import logging
+
+    handlers = [h for lg in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+                for h in getattr(lg, "handlers", [])]  # fmt: skip
+    files = [Path(h.baseFilename) for h in handlers if isinstance(h, logging.FileHandler)]
+    assert not [f for f in files if f.is_relative_to(tmp_path)], files
 
 
 @pytest.mark.parametrize("temperature", [1e-45, 1e-300])

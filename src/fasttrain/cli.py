@@ -241,6 +241,7 @@ class RunClaim:
 
     def undo(self) -> None:
         out = self.run_dir
+        _close_logs_in(out)
         for path in sorted(out.rglob("*"), reverse=True) if out.is_dir() else []:
             if path.relative_to(out) in self.before:
                 continue
@@ -267,6 +268,20 @@ class RunClaim:
         if self.fd is not None:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
+
+
+def _close_logs_in(folder: Path) -> None:
+    """Detach and close the log handlers writing into `folder` before its files go (Hydra put
+    the run's log on the root logger): a later run in this process (a notebook, a test) would
+    otherwise log into a deleted file and fail."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in (lg for lg in loggers if isinstance(lg, logging.Logger)):
+        for handler in list(logger.handlers):
+            if isinstance(handler, logging.FileHandler) and Path(
+                handler.baseFilename
+            ).is_relative_to(folder):
+                logger.removeHandler(handler)
+                handler.close()
 
 
 def _lock(run_dir: Path, run_name: str) -> int | None:

@@ -100,9 +100,10 @@ def _join(path: str, key: Any) -> str:
 def _signature(target: str, path: str) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
     """Parameters and resolved annotations of `target`.
 
-    fasttrain's own classes pass `**kwargs` on to their base class, so for them the MRO is
-    followed and subclasses need not repeat the base arguments. Elsewhere `**kwargs` may go
-    anywhere (TensorBoardLogger hands them to SummaryWriter), so it accepts any extra key.
+    fasttrain's own classes, and a project's subclasses of them (its task on Task), pass
+    `**kwargs` on to their base class, so for them the MRO is followed and subclasses need not
+    repeat the base arguments. Elsewhere `**kwargs` may go anywhere (TensorBoardLogger hands
+    them to SummaryWriter), so it accepts any extra key.
     """
     try:
         obj = get_object(target)
@@ -111,7 +112,7 @@ def _signature(target: str, path: str) -> tuple[dict[str, inspect.Parameter], di
         raise UserError(
             f"{_join(path, '_target_')}={target}: cannot be imported ({detail})"
         ) from None
-    if inspect.isclass(obj) and obj.__module__.startswith("fasttrain."):
+    if inspect.isclass(obj) and any(c.__module__.startswith("fasttrain.") for c in obj.__mro__):
         funcs = [vars(c)["__init__"] for c in obj.__mro__ if "__init__" in vars(c)]
     else:
         funcs = [obj]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -15,9 +14,7 @@ from fasttrain.config.errors import ConfigError
 from fasttrain.models.spec import qualname
 from fasttrain.models.task import (
     DATA_TARGET_KEY,
-    LrScaling,
     OptimizerFactory,
-    SchedulerFactory,
     Task,
     scale_lr,
 )
@@ -49,27 +46,16 @@ class Classifier(Task):
         net: nn.Module,
         optimizer: OptimizerFactory | None,
         num_classes: int,
-        scheduler: SchedulerFactory | None = None,
-        scheduler_interval: Literal["epoch", "step"] = "epoch",
-        lr_scaling: LrScaling = "none",
-        base_batch_size: int = 64,
-        channels_last: bool = False,
-        compile: bool = False,
-        input_mean: float | Sequence[float] | None = None,
-        input_std: float | Sequence[float] | None = None,
         label_smoothing: float = 0.0,
+        **base: Any,
     ) -> None:
         if num_classes < 2:
             raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         if not 0.0 <= label_smoothing < 1.0:
             raise ConfigError("label_smoothing", label_smoothing, "expected a number in [0, 1)")
-        self.num_classes = num_classes  # before Task's __init__, which builds the metrics
-        super().__init__(
-            net, optimizer, scheduler, scheduler_interval, lr_scaling, base_batch_size,
-            channels_last, compile, input_mean, input_std,
-            num_classes=num_classes, label_smoothing=float(label_smoothing),
-        )  # fmt: skip
-        self.label_smoothing = float(label_smoothing)
+        super().__init__(net, optimizer, num_classes=num_classes,
+                         label_smoothing=float(label_smoothing), **base)  # fmt: skip
+        self.num_classes, self.label_smoothing = num_classes, float(label_smoothing)
 
     def loss(self, outputs: torch.Tensor, y: torch.Tensor, training: bool) -> torch.Tensor:
         smoothing = self.label_smoothing if training else 0.0

@@ -20,7 +20,7 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.models.task import LrScaling, OptimizerFactory, SchedulerFactory, Task
+from fasttrain.models.task import OptimizerFactory, Task
 
 TOKENIZER_KEY = "tokenizer"  # the checkpoint's tokenizer JSON (fasttrain.data.tokenizer)
 
@@ -69,25 +69,18 @@ class LanguageModel(Task):
         optimizer: OptimizerFactory | None,
         vocab_size: int = 256,
         weight_decay: float = 0.1,
-        scheduler: SchedulerFactory | None = None,
-        scheduler_interval: Literal["epoch", "step"] = "step",
-        lr_scaling: LrScaling = "none",
-        base_batch_size: int = 64,
-        compile: bool = False,
-        channels_last: bool = False,
-        input_mean: float | Sequence[float] | None = None,
-        input_std: float | Sequence[float] | None = None,
+        scheduler_interval: Literal["epoch", "step"] = "step",  # (Task's default: epoch)
+        **base: Any,
     ) -> None:
-        for key, value in (("input_mean", input_mean), ("input_std", input_std)):
-            if value is not None:  # (accepted as None: checkpoints record both)
+        for key in ("input_mean", "input_std"):
+            value = base.pop(key, None)  # (None is accepted: checkpoints record both)
+            if value is not None:
                 raise ConfigError(key, value, "a language model's inputs are token ids, never "
                                   "normalised; leave it unset")  # fmt: skip
-        self.vocab_size, self.weight_decay = vocab_size, float(weight_decay)
-        super().__init__(
-            net, optimizer, scheduler, scheduler_interval, lr_scaling, base_batch_size,
-            channels_last, compile, None, None,
-            vocab_size=vocab_size, weight_decay=float(weight_decay),
-        )  # fmt: skip
+        weight_decay = float(weight_decay)
+        super().__init__(net, optimizer, scheduler_interval=scheduler_interval,
+                         vocab_size=vocab_size, weight_decay=weight_decay, **base)  # fmt: skip
+        self.vocab_size, self.weight_decay = vocab_size, weight_decay
         # Bytes per token of the held-out splits (1 for bytes), set from the data in setup.
         self.bytes_per_token = {"val": 1.0, "test": 1.0}
         self.tokenizer_json: str | None = None

@@ -3,7 +3,6 @@ targets, metrics and predictions in the targets' own units."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -12,7 +11,7 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection, R2Score
 
 from fasttrain.config.errors import ConfigError
-from fasttrain.models.task import LrScaling, OptimizerFactory, SchedulerFactory, Task
+from fasttrain.models.task import OptimizerFactory, Task
 
 Loss = Literal["mse", "huber"]
 # Two outputs are the same answer when they differ by at most this share of the target's std.
@@ -65,14 +64,7 @@ class Regressor(Task):
         num_targets: int = 1,
         loss: Loss = "mse",
         huber_delta: float = 1.0,
-        scheduler: SchedulerFactory | None = None,
-        scheduler_interval: Literal["epoch", "step"] = "epoch",
-        lr_scaling: LrScaling = "none",
-        base_batch_size: int = 64,
-        channels_last: bool = False,
-        compile: bool = False,
-        input_mean: float | Sequence[float] | None = None,
-        input_std: float | Sequence[float] | None = None,
+        **base: Any,
     ) -> None:
         if num_targets < 1:
             raise ConfigError("num_targets", num_targets, "expected an int >= 1")
@@ -80,12 +72,9 @@ class Regressor(Task):
             raise ConfigError("loss", loss, "expected one of 'mse', 'huber'")
         if huber_delta <= 0:
             raise ConfigError("huber_delta", huber_delta, "expected a number > 0")
+        super().__init__(net, optimizer, num_targets=num_targets, loss=loss,
+                         huber_delta=float(huber_delta), **base)  # fmt: skip
         self.num_targets, self.loss_name, self.huber_delta = num_targets, loss, float(huber_delta)
-        super().__init__(
-            net, optimizer, scheduler, scheduler_interval, lr_scaling, base_batch_size,
-            channels_last, compile, input_mean, input_std,
-            num_targets=num_targets, loss=loss, huber_delta=float(huber_delta),
-        )  # fmt: skip
         self.target_scale = TargetScale(num_targets)
 
     def setup(self, stage: str) -> None:

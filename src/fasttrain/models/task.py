@@ -115,7 +115,8 @@ class Task(L.LightningModule):
 
     def make_metrics(self) -> dict[str, Metric | MetricCollection]:
         """Validation and test metrics beside the loss (name -> torchmetrics Metric), updated
-        with (outputs in the task's units, y); built once per stage."""
+        with (outputs in the task's units, y); built once per stage, when a Trainer first runs
+        the task (configure_model), so it may read anything the constructor set."""
         return {}
 
     def train_sums(self, outputs: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
@@ -166,6 +167,8 @@ class Task(L.LightningModule):
         return torch.randn(batch, *input_shape)
 
     # ---- shared by every task -------------------------------------------------------------
+    val_metrics: MetricCollection  # configure_model
+    test_metrics: MetricCollection
     input_mean: torch.Tensor | None  # buffers (register_buffer below)
     input_std: torch.Tensor | None
 
@@ -218,15 +221,44 @@ class Task(L.LightningModule):
             "compile": compile, "input_mean": _plain_floats(input_mean),
             "input_std": _plain_floats(input_std), **own,
         })  # fmt: skip
-        # One collection per held-out stage: "<stage>/<name>", the loss a batch-weighted mean.
+        # The held-out loss, a batch-weighted mean; the task's own metrics: configure_model.
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        self.val_metrics = MetricCollection(self.make_metrics(), prefix="val/")
-        self.test_metrics = MetricCollection(self.make_metrics(), prefix="test/")
         self.monitor_best = MaxMetric() if self.monitor_mode == "max" else MinMetric()
         # Host values read on the last logging step, for the progress bar (never read per step).
         self.progress: dict[str, float] = {}
         self._train_sums = torch.zeros(1 + len(self.train_sum_names))  # [loss x samples, ...]
         self._train_samples, self._log_every, self._last_logged = [0], 1, -1
+
+    def configure_model(self) -> None:
+        """One collection of `make_metrics` per held-out stage ("<stage>/<name>"), built when a
+        Trainer first runs the task: after the subclass's constructor (never called from Task's,
+        so `make_metrics` may read whatever the subclass set) and before the model moves to its
+        device. In float32 whatever the precision (bf16-true builds modules in bf16), as
+        metrics built with the task were."""
+        if hasattr(self, "val_metrics"):  # a second fit or test of the same model
+            return
+        dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        try:
+            self.val_metrics = MetricCollection(self.make_metrics(), prefix="val/")
+            self.test_metrics = MetricCollection(self.make_metrics(), prefix="test/")
+        finally:
+            torch.set_default_dtype(dtype)
+
+    @classmethod
+    def arguments(cls) -> set[str]:
+        """The names cls's constructor takes, through the `**base` a subclass passes on to
+        Task (whose own `**own` takes only what a subclass records)."""
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            init = vars(klass).get("__init__")
+            if init is None:
+                continue
+            params = inspect.signature(init).parameters.values()
+            names |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+            if klass is Task or not any(p.kind is p.VAR_KEYWORD for p in params):
+                break
+        return names - {"self"}
 
     @classmethod
     def from_hparams(cls, hparams: Mapping[str, Any]) -> Task:
@@ -235,7 +267,7 @@ class Task(L.LightningModule):
         or hold some it no longer takes)."""
         from hydra.utils import instantiate
 
-        taken = inspect.signature(cls.__init__).parameters
+        taken = cls.arguments()
         args = {k: v for k, v in hparams.items() if k in taken and k not in SPEC_KEYS}
         specs: dict[str, Any] = {
             k: instantiate(hparams[k]) if hparams.get(k) else None for k in SPEC_KEYS

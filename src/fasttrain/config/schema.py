@@ -112,6 +112,11 @@ def _signature(target: str, path: str) -> tuple[dict[str, inspect.Parameter], di
         raise UserError(
             f"{_join(path, '_target_')}={target}: cannot be imported ({detail})"
         ) from None
+    return parameters_of(obj)
+
+
+def parameters_of(obj: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
+    """What `_signature` reads of an imported class or function (a checkpoint's task, too)."""
     if inspect.isclass(obj) and any(c.__module__.startswith("fasttrain.") for c in obj.__mro__):
         funcs = [vars(c)["__init__"] for c in obj.__mro__ if "__init__" in vars(c)]
     else:

@@ -246,28 +246,15 @@ class Task(L.LightningModule):
             torch.set_default_dtype(dtype)
 
     @classmethod
-    def arguments(cls) -> set[str]:
-        """The names cls's constructor takes, through the `**base` a subclass passes on to
-        Task (whose own `**own` takes only what a subclass records)."""
-        names: set[str] = set()
-        for klass in cls.__mro__:
-            init = vars(klass).get("__init__")
-            if init is None:
-                continue
-            params = inspect.signature(init).parameters.values()
-            names |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-            if klass is Task or not any(p.kind is p.VAR_KEYWORD for p in params):
-                break
-        return names - {"self"}
-
-    @classmethod
     def from_hparams(cls, hparams: Mapping[str, Any]) -> Task:
         """The task a checkpoint's hyperparameters describe (their specs already allowed): each
         spec built, the arguments this class takes passed on (older checkpoints may lack some,
         or hold some it no longer takes)."""
         from hydra.utils import instantiate
 
-        taken = cls.arguments()
+        from fasttrain.config.schema import parameters_of
+
+        taken, _ = parameters_of(cls)  # with Task's, which a subclass passes on in **base
         args = {k: v for k, v in hparams.items() if k in taken and k not in SPEC_KEYS}
         specs: dict[str, Any] = {
             k: instantiate(hparams[k]) if hparams.get(k) else None for k in SPEC_KEYS

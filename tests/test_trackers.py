@@ -94,10 +94,11 @@ def test_the_printed_mlflow_ui_command_shows_the_run(tracked) -> None:
     proc, where = tracked
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("MLflow ")]
     command = shlex.split(line.removeprefix("MLflow").strip())
-    assert command[1] == "ui"
-    port = free_port()
+    assert command[1] == "ui" and command[-6:] == ["--host", "127.0.0.1", "--port", "5000",
+                                                   "--workers", "1"]  # fmt: skip
+    port = free_port()  # the printed command as it is, on a port free here
     server = subprocess.Popen(
-        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        [*command[:-3], str(port), *command[-2:]],
         cwd=where, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -189,7 +190,7 @@ def test_printed_commands_name_what_each_tracker_wrote(tracked) -> None:
     proc, where = tracked
     lines = {x.split(maxsplit=1)[0]: x.split(maxsplit=1)[1] for x in proc.stdout.splitlines()
              if x.startswith(("MLflow ", "W&B ", "TensorBoard "))}  # fmt: skip
-    exe, ui, flag, uri = shlex.split(lines["MLflow"])
+    exe, ui, flag, uri, *_ = shlex.split(lines["MLflow"])
     assert Path(exe).parent == Path(sys.executable).parent
     assert (ui, flag) == ("ui", "--backend-store-uri")
     assert uri == f"sqlite:///{where}/logs/mlflow.db"

@@ -172,7 +172,13 @@ class MLflowRun(MLFlowLogger):
             self.experiment.set_tag(self.run_id, "checkpoint", str(Path(checkpoint).absolute()))
 
     def show_command(self) -> str:
-        return f"{_executable('mlflow')} ui --backend-store-uri {shlex.quote(self._tracking_uri)}"
+        # One worker: MLflow's default four, each starting its app, were killed and restarted
+        # in a loop on a loaded 2-core machine and the page never answered.
+        store = shlex.quote(self._tracking_uri)
+        return f"{_executable('mlflow')} ui --backend-store-uri {store} {MLFLOW_UI_ARGS}"
+
+
+MLFLOW_UI_ARGS = "--host 127.0.0.1 --port 5000 --workers 1"
 
 
 @contextlib.contextmanager

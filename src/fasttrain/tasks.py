@@ -29,6 +29,7 @@ def train(cfg: Any) -> dict[str, float]:
     from fasttrain import fit
     from fasttrain.assemble import build_run
     from fasttrain.callbacks import board, trackers
+    from fasttrain.checkpoints.load import follows_the_contract
     from fasttrain.checkpoints.resume import checkpoint_to_resume
     from fasttrain.distributed.multirun import share_job_with_ranks
 
@@ -60,7 +61,8 @@ def train(cfg: Any) -> dict[str, float]:
     monitor = getattr(model, "monitor", None)
     pinned = board.pinned_tags(monitor, metrics)  # of the values the run logged
     report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir, monitor=monitor,
-           more=trackers.commands(trainer.loggers), pinned=pinned)  # fmt: skip
+           more=trackers.commands(trainer.loggers), pinned=pinned,
+           restorable=follows_the_contract(type(model)))  # fmt: skip
     return metrics
 
 
@@ -241,12 +243,12 @@ def check_settings(cfg: Any, entry: str) -> None:
 def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
            log_dir: str | None = None, monitor: str | None = None,
            more: dict[str, str] | None = None,
-           pinned: list[str] | None = None) -> None:  # fmt: skip
+           pinned: list[str] | None = None, restorable: bool = True) -> None:  # fmt: skip
     """Write metrics.json in the run dir (with the task's `monitor`, the metric the run is
     judged by, for a training run); print the final metrics, where the run went and, for
     a training run (`log_dir` given), the commands that open it in TensorBoard (the link with
     the `pinned` charts first) and in `more` (MLflow, W&B), evaluate and export its checkpoint,
-    and continue it."""
+    and continue it (evaluate and export only for a checkpoint they can rebuild: `restorable`)."""
     from lightning.pytorch.utilities import rank_zero_only
     from rich.console import Console
     from rich.markup import escape
@@ -273,7 +275,7 @@ def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
     if ckpt:
         console.print(f"[bold]checkpoint[/]  {escape(ckpt)}")
     if log_dir:  # a training run: what to do next, each command ready to paste
-        commands = next_commands(out, ckpt, log_dir, pinned or [])
+        commands = next_commands(out, ckpt if restorable else None, log_dir, pinned or [])
         for name, command in {**(more or {}), **commands}.items():
             console.print(f"[bold]{name:<11}[/] {escape(command)}", markup=True, highlight=False)
 

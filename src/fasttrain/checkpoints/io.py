@@ -10,6 +10,7 @@ same directory, are flushed to disk, and replace the old file with one atomic re
 from __future__ import annotations
 
 import io
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -18,8 +19,54 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from fasttrain.models.spec import spec_of
+
+log = logging.getLogger(__name__)
+
 # Temp files carry this suffix; resume ignores them (a kill can leave one behind).
 TEMP_SUFFIX = ".tmp"
+# What torch.load(weights_only=True) reads back, besides containers of them.
+_LOADABLE = (str, bytes, int, float, complex, bool, type(None), torch.Tensor, torch.dtype,
+             torch.device, torch.Size)  # fmt: skip
+_HPARAMS_KEYS = ("hyper_parameters", "datamodule_hyper_parameters")
+_said: set[str] = set()
+
+
+def loadable_hparams(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint with objects among its hyperparameters replaced by their Hydra specs (a
+    factory's partial, a net that records its arguments) and any other object left out: a plain
+    LightningModule's `save_hyperparameters()` keeps its optimizer partial and its net, which
+    torch.load(weights_only=True) refuses, so the run could not test its best checkpoint or
+    resume. fasttrain's tasks record plain values and pass through unchanged."""
+    out = dict(checkpoint)
+    for key in _HPARAMS_KEYS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _loadable(v, f"{key}.{k}") for k, v in out[key].items()}
+            out[key] = {k: v for k, v in out[key].items() if v is not _LEFT_OUT}
+    return out
+
+
+_LEFT_OUT = object()
+
+
+def _loadable(value: Any, where: str) -> Any:
+    if isinstance(value, _LOADABLE):
+        return value
+    if isinstance(value, dict) or hasattr(value, "items"):
+        items = {str(k): _loadable(v, f"{where}.{k}") for k, v in value.items()}
+        return {k: v for k, v in items.items() if v is not _LEFT_OUT}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        kept = [v for v in (_loadable(v, where) for v in value) if v is not _LEFT_OUT]
+        return tuple(kept) if isinstance(value, tuple) else kept
+    spec = spec_of(value)
+    if spec is not None:
+        return spec
+    if where not in _said:
+        _said.add(where)
+        log.warning("%s: a %s object, left out of the checkpoint (a checkpoint holds no code); "
+                    "save_hyperparameters(ignore=[...]) leaves it out without this note",
+                    where, type(value).__name__)  # fmt: skip
+    return _LEFT_OUT
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -33,7 +80,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
+        torch.save(loadable_hparams(checkpoint), buffer)
         # Hidden and unique (another rank or save may be writing too); "xb" keeps the umask's mode.
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
         try:

@@ -47,6 +47,15 @@ def read_checkpoint(path: str | Path, expect: str = "ckpt_path") -> dict[str, An
     return ckpt
 
 
+def follows_the_contract(task: Any) -> bool:
+    """A task class evaluate, export and predict rebuild from its checkpoints: a Task that
+    writes the contract's pieces (the base class writes none). A plain LightningModule trains,
+    resumes and tests, but is not rebuilt from a checkpoint."""
+    from fasttrain.models.task import Task
+
+    return isinstance(task, type) and issubclass(task, Task) and task.loss is not Task.loss
+
+
 def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[str, Any]]:
     """Rebuild the task a checkpoint was trained as (fasttrain.models.task): (model in eval mode,
     data spec).
@@ -62,7 +71,7 @@ def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[
     from hydra.utils import get_object
 
     from fasttrain.models.classifier import PRE_CONTRACT_TASK
-    from fasttrain.models.task import DATA_TARGET_KEY, TASK_TARGET_KEY, Task
+    from fasttrain.models.task import DATA_TARGET_KEY, TASK_TARGET_KEY
 
     ckpt = read_checkpoint(path)
     hparams = ckpt.get("hyper_parameters") or {}
@@ -77,8 +86,7 @@ def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[
     task_spec = {"_target_": task_target}
     check_specs({"task": task_spec, **hparams, "data": data}, f"ckpt_path={path}", allow)
     task = get_object(str(task_target))
-    # The class must be a task that writes the contract's pieces (the base class writes none).
-    if not (isinstance(task, type) and issubclass(task, Task)) or task.loss is Task.loss:
+    if not follows_the_contract(task):
         raise UserError(f"ckpt_path={path}: its task {task_target} does not follow the task "
                         "contract (a subclass of fasttrain.models.task.Task)")  # fmt: skip
     try:

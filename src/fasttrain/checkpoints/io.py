@@ -30,6 +30,7 @@ _LOADABLE = (str, bytes, int, float, complex, bool, type(None), torch.Tensor, to
              torch.device, torch.Size)  # fmt: skip
 _HPARAMS_KEYS = ("hyper_parameters", "datamodule_hyper_parameters")
 _said: set[str] = set()
+_LEFT_OUT = object()  # an object with no spec: not written
 
 
 def loadable_hparams(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -44,9 +45,6 @@ def loadable_hparams(checkpoint: dict[str, Any]) -> dict[str, Any]:
             out[key] = {k: _loadable(v, f"{key}.{k}") for k, v in out[key].items()}
             out[key] = {k: v for k, v in out[key].items() if v is not _LEFT_OUT}
     return out
-
-
-_LEFT_OUT = object()
 
 
 def _loadable(value: Any, where: str) -> Any:

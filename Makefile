@@ -19,8 +19,6 @@ PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WO
 PORT ?= 6006
 NAME ?=
 DEST ?=
-FROM ?=
-REF ?=
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +28,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard new-project update-template doctor
+.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard new-project doctor
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -69,14 +67,9 @@ bench: $(STAMP) ## CPU benchmark: template vs hand-written loop -> bench/results
 tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006); every run is listed by name
 	$(BIN)/tensorboard --logdir logs --host 127.0.0.1 --port $(PORT)
 
-update-template: ## in a new project: merge a newer template into it: make update-template [FROM=path-or-url] [REF=tag]
-	@# Standard library and git only; its own file in src/<package>/tools/.
-	$(PYTHON) src/fasttrain/tools/new_project.py update $(if $(FROM),"$(FROM)") $(if $(REF),--ref "$(REF)")
-
-new-project: ## copy this template into a new project: make new-project NAME=acme_vision DEST=../acme_vision
+new-project: $(STAMP) ## a new project of your own: make new-project NAME=acme_vision DEST=../acme_vision
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "usage: make new-project NAME=acme_vision DEST=../acme_vision" >&2; exit 2; }
-	@# Standard library only: works before .venv exists.
-	$(PYTHON) src/fasttrain/tools/new_project.py create $(DEST) --package $(NAME)
+	$(BIN)/python -m fasttrain.tools.new_project create "$(DEST)" --package "$(NAME)"
 
 doctor: $(STAMP) ## check that Python, torch, CUDA, driver and GPUs fit together (ARGS=--json for JSON)
 	$(BIN)/python -m fasttrain.doctor $(ARGS)

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +31,6 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # fake_data: the tests' CIFAR-10 writer
 
 
 def write_photos(root: Path, classes: int, per_class: int) -> Path:
@@ -157,10 +155,10 @@ def cpu(args: argparse.Namespace, tmp: Path) -> dict:
 
 
 def gpu(args: argparse.Namespace, tmp: Path) -> dict:
-    from fake_data import write_cifar10
     from fasttrain.data.cifar10 import Cifar10DataModule
     from fasttrain.data.images import Images
     from fasttrain.models.nets import ResNet
+    from fasttrain.testing.fake_data import write_cifar10
 
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True

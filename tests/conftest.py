@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# the generic tests' plugin (fasttrain.testing): markers, a clean Hydra state per test
+pytest_plugins = ["fasttrain.testing.plugin"]
 CONF = REPO / "conf"
 
 
@@ -92,14 +94,3 @@ def mlp_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = run_cli(args, log_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return log_dir / "train" / "mlp" / "checkpoints" / "last.ckpt"
-
-
-@pytest.fixture(autouse=True)
-def _no_command_line_left_over():
-    """A test that runs an entry point in this process (main() with a patched argv) leaves
-    Hydra's record of that command line set; later tests would read it as theirs (the overrides
-    typed, the run's choices). Each test starts without one."""
-    yield
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().cfg = None

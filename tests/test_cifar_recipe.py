@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from practices import build_run, compose_train
 
 from conftest import REPO, run_cli
-from fake_data import write_cifar10
+from fasttrain.testing.fake_data import write_cifar10
 from fasttrain.config.errors import ConfigError
 from fasttrain.data.augment import PadCropFlip, augment_training_batch
 from fasttrain.data.cifar10 import Cifar10DataModule

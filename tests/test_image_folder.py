@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fake_data import write_image_folder
+from fasttrain.testing.fake_data import write_image_folder
 from fasttrain.checkpoints.load import load_task
 from fasttrain.models import Classifier
 from fasttrain.models.nets import SmallCNN

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("webdataset", reason="shards need WebDataset: pip install -e '.[data]'")
 pytest.importorskip("PIL", reason="shards need Pillow: pip install -e '.[data]'")
 from conftest import REPO, final_metrics, run_cli, run_dirs
-from fake_data import write_image_folder
+from fasttrain.testing.fake_data import write_image_folder
 from fasttrain.data.image_folder import ImageFolderDataModule
 from fasttrain.data.shards import write_shards
 

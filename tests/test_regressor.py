@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from task_cases import compose_train
+from fasttrain.testing.cases import compose_train
 
 from conftest import run_cli, scalars, verdict
 from fasttrain.checkpoints.load import load_task

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from task_cases import compose_train
+from fasttrain.testing.cases import compose_train
 
 from conftest import run_cli
 
@@ -129,7 +129,7 @@ def test_exif_orientation_is_applied(tmp_path: Path) -> None:
 
 def test_hidden_files_in_class_folders_are_not_images(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
-    from fake_data import write_image_folder
+    from fasttrain.testing.fake_data import write_image_folder
 
     root = write_image_folder(tmp_path / "imgs", ("a", "b"), per_class=5)
     (root / "a" / "._a_000.jpg").write_bytes(b"\x00\x05\x16\x07 resource fork")
@@ -142,7 +142,7 @@ def test_hidden_files_in_class_folders_are_not_images(tmp_path: Path) -> None:
 
 def test_image_folder_classes_are_counted_when_the_config_resolves(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
-    from fake_data import write_image_folder
+    from fasttrain.testing.fake_data import write_image_folder
     from fasttrain.assemble import build_run
     from fasttrain.config.errors import UserError
     from fasttrain.config.schema import validate
@@ -159,7 +159,7 @@ def test_image_folder_classes_are_counted_when_the_config_resolves(tmp_path: Pat
 
 def test_image_folder_splits_do_not_move_when_files_are_added_or_removed(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
-    from fake_data import image, write_image_folder
+    from fasttrain.testing.fake_data import image, write_image_folder
 
     root = write_image_folder(tmp_path / "imgs", ("a", "b"), per_class=30)
     dm = _image_folder_module(root)
@@ -186,7 +186,7 @@ def test_evaluate_says_when_the_image_files_changed(
     from hydra import compose, initialize_config_dir
 
     from conftest import CONF
-    from fake_data import image, write_image_folder
+    from fasttrain.testing.fake_data import image, write_image_folder
     from fasttrain.assemble import restore
     from fasttrain.tasks import train
 
@@ -212,7 +212,7 @@ def test_evaluate_says_when_the_image_files_changed(
 
 def test_an_error_naming_its_override_gets_no_second_prefix(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
-    from fake_data import write_image_folder
+    from fasttrain.testing.fake_data import write_image_folder
     from fasttrain.assemble import build
     from fasttrain.config.errors import UserError
 
@@ -258,7 +258,7 @@ def test_sigkill_mid_epoch_with_augmentation_resumes_bit_exact(
 ) -> None:
     pytest.importorskip("PIL")
     from conftest import REPO
-    from fake_data import write_image_folder
+    from fasttrain.testing.fake_data import write_image_folder
     from fasttrain.tasks import train
 
     root = write_image_folder(tmp_path / "imgs", ("a", "b", "c"), per_class=16)

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("webdataset", reason="shards need WebDataset: pip install -e '.[data]'")
 pytest.importorskip("PIL", reason="shards need Pillow: pip install -e '.[data]'")
-from fake_data import write_image_folder
+from fasttrain.testing.fake_data import write_image_folder
 from fasttrain.config.errors import UserError
 from fasttrain.data.shards import (
     ShardLoader,

@@ -6,9 +6,11 @@ Importing the package is cheap on purpose: torch and Lightning load only when a 
 
 __version__ = "0.2.0"  # the project's version (pyproject.toml); CHANGELOG.md says what changed
 
+import os
+import sys
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 # The public API: what a project's own code may import, as `from fasttrain import Task`. These
 # names keep their meaning across versions (CHANGELOG.md announces any change); everything
@@ -50,6 +52,9 @@ __all__ = ["__version__", *PUBLIC]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "CONFIG_DIR":  # looked up once, when an entry point first needs it
+        globals()["CONFIG_DIR"] = config_dir()
+        return globals()["CONFIG_DIR"]
     if name not in PUBLIC:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(import_module(PUBLIC[name]), name)
@@ -59,10 +64,35 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *PUBLIC})
 
 
-# conf/ sits at the repository root beside src/ (the project is installed editable).
-# An absolute path: Hydra would read a relative one as a Python package when the entry
-# point is imported as a module (python -m fasttrain.evaluate).
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+CONF_ENV = "FASTTRAIN_CONF"  # the project's conf/ folder, where it is not found by itself
+
+
+def config_dir() -> str:
+    """The project's conf/, which the library reads and never ships: FASTTRAIN_CONF where set,
+    else the conf/ (holding train.yaml) of the working directory or the nearest folder above it
+    (a project is run from its own folder), else that of this checkout when the library runs
+    from its own repository, itself a project. Absolute: Hydra would read a relative path as a
+    Python package when an entry point is imported as a module (python -m fasttrain.evaluate)."""
+    given = os.environ.get(CONF_ENV, "").strip()
+    if given:
+        if not (Path(given) / "train.yaml").is_file():
+            _refuse(f"{CONF_ENV}={given}: no train.yaml there; give the project's conf/ folder")
+        return str(Path(given).resolve())
+    here = Path.cwd().resolve()
+    checkout = Path(__file__).resolve().parents[2]  # src/fasttrain/__init__.py
+    for folder in (here, *here.parents, checkout):
+        if (folder / "conf" / "train.yaml").is_file():
+            return str(folder / "conf")
+    _refuse(
+        f"no conf/ with train.yaml in {here} or above it: run from the project's folder, "
+        f"or set {CONF_ENV}=path/to/conf"
+    )
+
+
+def _refuse(message: str) -> NoReturn:
+    """Bad input before any entry point's own error handling exists: one line, exit 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def shown(path: str | Path) -> str:
@@ -130,8 +160,6 @@ def _launch_dir() -> str:
     "HydraConfig was not set". With `hydra.job.chdir=true` the job runs elsewhere; Hydra's
     record of the launch folder wins whenever it has one.
     """
-    import os
-
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -147,8 +175,6 @@ def _root_dir() -> str:
     """`${root_dir:}` in conf/paths: FASTTRAIN_ROOT when it is set and not empty (fasttrain.cli
     refuses a relative one), else the launch folder. Not `${oc.env:FASTTRAIN_ROOT,...}`: a
     variable set but empty would make the root the filesystem's."""
-    import os
-
     return os.environ.get("FASTTRAIN_ROOT", "").strip() or _launch_dir()
 
 

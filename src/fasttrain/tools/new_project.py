@@ -1,63 +1,39 @@
-"""Copy this template into a new project under a new package name, and later bring a newer
-template's changes into that project: the one place that knows how.
+"""Make a new project from this repository, and later take a newer fasttrain into it: the one
+place that knows how.
 
-    make new-project NAME=acme_vision DEST=../acme_vision
-    python src/fasttrain/tools/new_project.py create ../acme_vision --package acme_vision
-    copier copy --trust <this repo> ../acme_vision   (copier.yml runs `rename` after copying)
+    make new-project NAME=acme_vision DEST=../acme_vision        (in this repository)
+    make update-template [FROM=path-or-git-url] [REF=tag]         (in the new project)
 
-    make update-template [FROM=path-or-git-url] [REF=branch-or-tag]     (in the new project)
-    python src/acme_vision/tools/new_project.py update [FROM] [--ref REF]
+A new project is thin: the scaffold under src/fasttrain/scaffold/ (conf/, Makefile, train.py,
+tests/, notebooks/, one example each of a net, a data set and a task under src/<package>/),
+rendered by copier (copier.yml) for the project's names, and the fasttrain library as a wheel
+built from the same commit into wheels/, which its pyproject pins by version. The machinery is
+never copied: the project installs it. An update is a newer wheel, the pin moved, and `copier
+update` of the scaffold: a three-way merge that keeps the project's own edits and files.
+`.copier-answers.yml` records the scaffold's source and commit.
 
-Updates are git merges. A new project keeps, on its branch `template`, the template as it was
-rendered for it (its first commit). `update` renders the newer template the same way (with
-the newer template's own code, under the project's names), commits that on `template`, and
-merges `template` into the current branch: the template's changes come in where the project
-left those lines alone, the project's own files and changes stay, and a line both changed is a
-git conflict to resolve. `.template.json` records where the template came from and at which
-commit.
-
-Both copy the template as committed (`git archive`), never its working tree: uncommitted edits,
-untracked and ignored files (.env, data/) of the checkout are no part of it. Were they, the
-branch `template` would hold them and the next update, rendered without them, would delete or
-revert them in the project.
-
-Standard library only, so it runs before any environment exists.
+Both render the template as committed (copier reads it through git), never its working tree:
+uncommitted edits, untracked and ignored files (.env, data/) of the checkout are no part of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import io
-import json
 import keyword
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-from pathlib import Path, PurePosixPath
-from typing import Any
+from pathlib import Path
 
-TEMPLATE = "fasttrain"  # the package name this copy carries; `rename` replaces it
-# Its distribution name (pyproject, scripts, README title): the package name with hyphens, as
-# `rename` writes it, so a generated project can itself be copied again.
-TEMPLATE_PROJECT = TEMPLATE.replace("_", "-")
-ROOT = Path(__file__).resolve().parents[3]  # src/<package>/tools/new_project.py
-# Never copied: run outputs, environments, caches, the template's own history and copier file.
-EXCLUDE = {".git", ".venv", "logs", "outputs", "multirun", "lightning_logs", "__pycache__",
-           ".pytest_cache", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints", "build", "dist",
-           "copier.yml"}  # fmt: skip
-ATTRIBUTION = f"Started from the {TEMPLATE} template."
-RECORD = ".template.json"  # in a new project: where its template came from (`update` reads it)
-BRANCH = "template"  # in a new project's git: the template as rendered for it, one commit each
-# README text that only holds in the template (how to copy it with copier, whose copier.yml is
-# not copied): between these markers, dropped from a copy's README.
-TEMPLATE_ONLY = re.compile(r"\n*<!-- template-only -->.*?<!-- /template-only -->\n*", re.S)
-# Extract archives with the "data" filter where this Python has it (3.10.12+, 3.11.4+).
-SAFE_TAR: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+TEMPLATE = "fasttrain"  # the library's package name
+ROOT = Path(__file__).resolve().parents[3]  # src/fasttrain/tools/new_project.py
+SCAFFOLD = ROOT / "src" / TEMPLATE / "scaffold"  # what copier.yml renders (its _subdirectory)
+RECORD = ".copier-answers.yml"  # in a new project: the scaffold's source and commit
+WHEELS = "wheels"  # in a new project: the pinned fasttrain, installed offline
 
 
 class NewProjectError(Exception):
@@ -75,7 +51,8 @@ def check_package(name: str) -> None:
             f"package name {name!r} must start with a letter and end with a letter or digit: "
             "its distribution name (with hyphens) must be a valid project name, e.g. acme_vision"
         )
-    own = sorted(p.name for p in ROOT.iterdir() if p.stem == name and not p.name.startswith("."))
+    top = [p.name.removesuffix(".jinja") for p in SCAFFOLD.iterdir()] + [WHEELS]
+    own = sorted(n for n in top if Path(n).stem == name and not n.startswith("."))
     if own:
         raise NewProjectError(
             f"package name {name!r} is the name of the project's own {own[0]} at its top level "
@@ -123,83 +100,12 @@ def check_dest(dest: Path) -> None:
         raise NewProjectError(f"destination {dest} exists and is not empty; choose a new folder")
 
 
-def excluded(name: str) -> bool:
-    return name in EXCLUDE or name.endswith((".egg-info", ".pyc"))
-
-
-def copy_tree(src: Path, dest: Path) -> None:
-    def ignore(folder: str, names: list[str]) -> set[str]:
-        return {n for n in names if excluded(n)}
-
-    shutil.copytree(src, dest, ignore=ignore, dirs_exist_ok=True)
-
-
-def copy_commit(src: Path, commit: str, dest: Path) -> None:
-    """The files git tracks in `src` at `commit`, less EXCLUDE, into `dest`."""
-    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=src,
-                             capture_output=True)  # fmt: skip
-    if archive.returncode != 0:
-        said = archive.stderr.decode(errors="replace").strip().splitlines()
-        raise NewProjectError(f"git archive failed: {said[-1] if said else archive.returncode}")
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        kept = [m for m in tar if not any(map(excluded, PurePosixPath(m.name).parts))]
-        tar.extractall(dest, members=kept, **SAFE_TAR)
-
-
 def note_uncommitted(src: Path, commit: str) -> None:
     """Say so where the checkout differs from what was copied (ignored files aside)."""
     changes = len(git(src, "status", "--porcelain").splitlines())
     if changes:
         print(f"note: copying the template as committed at {commit[:12]}; {changes} uncommitted "
               f"change(s) in {src.resolve()} are not copied", file=sys.stderr)  # fmt: skip
-
-
-def _replace(text: str, package: str, project: str) -> str:
-    text = re.sub(rf"^# {TEMPLATE_PROJECT}\b", f"# {project}", text, flags=re.M)  # README title
-    text = re.sub(rf'^name = "{TEMPLATE_PROJECT}"', f'name = "{project}"', text, flags=re.M)
-    text = re.sub(rf"\b{TEMPLATE_PROJECT}-(\w)", rf"{project}-\1", text)  # console scripts
-    text = text.replace(TEMPLATE.upper(), package.upper())  # env vars (FASTTRAIN_ROOT)
-    return text.replace(TEMPLATE, package)
-
-
-def rename(root: Path, package: str, project: str, author: str = "", python: str = "",
-           check: bool = True) -> None:  # fmt: skip
-    """Rename the package in `root` (a fresh copy): folder, imports, `_target_`s, pyproject,
-    README title, Makefile, env var names; then set author and Python version if given."""
-    if check:
-        check_package(package)
-    old = root / "src" / TEMPLATE
-    if old.is_dir():
-        old.rename(root / "src" / package)
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.parts):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue  # binary files carry no names
-        new = _replace(text, package, project)
-        if path.name == "pyproject.toml":
-            new = _pyproject(new, author, python)
-        if path.name == "README.md" and root / "README.md" == path:
-            new = new.replace("\n", f"\n\n{ATTRIBUTION}\n", 1)
-            if not (root / "copier.yml").exists():  # no copier template: no copier instructions
-                new = TEMPLATE_ONLY.sub("\n\n", new)
-        if new != text:
-            path.write_text(new, encoding="utf-8")
-
-
-def _pyproject(text: str, author: str, python: str) -> str:
-    if author:
-        text = re.sub(r"^(license = .*)$", rf'\1\nauthors = [{{ name = "{author}" }}]', text,
-                      count=1, flags=re.M)  # fmt: skip
-    if python:
-        text = re.sub(r'^requires-python = ".*"', f'requires-python = ">={python}"', text,
-                      count=1, flags=re.M)  # fmt: skip
-        short = python.replace(".", "")
-        text = re.sub(r'^target-version = "py\d+"', f'target-version = "py{short}"', text,
-                      flags=re.M)  # fmt: skip
-        text = re.sub(r'^python_version = ".*"', f'python_version = "{python}"', text, flags=re.M)
-    return text
 
 
 def _ident(root: Path) -> list[str]:
@@ -219,18 +125,6 @@ def git(root: Path, *args: str) -> str:
     return proc.stdout
 
 
-def git_init(root: Path, message: str) -> None:
-    """`git init`, a first commit, and the branch `template` at it (what `update` merges from),
-    under the user's git identity (a neutral one if unset)."""
-    if shutil.which("git") is None:
-        print("git not found: the project is not a repository yet", file=sys.stderr)
-        return
-    git(root, "init", "-q")
-    git(root, "add", "-A")
-    git(root, *_ident(root), "commit", "-q", "-m", message)
-    git(root, "branch", BRANCH)
-
-
 def template_commit(src: Path) -> str:
     """The commit the template in `src` is at; "" where `src` is not the top of a git checkout
     with a commit (an unpacked archive; a folder inside another repository, whose HEAD is not
@@ -245,100 +139,182 @@ def template_commit(src: Path) -> str:
     return lines[1]
 
 
-def write_record(root: Path, source: str, commit: str, package: str, project: str,
-                 author: str, python: str) -> None:  # fmt: skip
-    record = {"source": source, "commit": commit, "package": package, "project": project,
-              "author": author, "python": python}  # fmt: skip
-    (root / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-
-
-def create(dest: Path, package: str, project: str = "", author: str = "", python: str = "",
-           src: Path = ROOT, init_git: bool = True, source: str = "", commit: str = "",
-           for_update: bool = False) -> Path:  # fmt: skip
-    """Copy `src` (as committed, where it is a git checkout) to `dest` and rename it; refuse bad
-    names or a non-empty `dest` first.
-    `source`/`commit`: where the template came from, if not `src` (an update's checkout);
-    `for_update`: a rendering for `update`, whose package is importable by then."""
-    if not for_update:
-        check_package(package)
-    dest = dest.resolve()
-    check_dest(dest)
-    copied = template_commit(src)
-    if copied:
-        copy_commit(src, copied, dest)
-        note_uncommitted(src, copied)
-    else:  # no repository to say what the template is: the folder as it stands
-        copy_tree(src, dest)
-    project = project or package.replace("_", "-")
-    rename(dest, package, project, author, python, check=not for_update)
-    write_record(dest, source or str(src.resolve()), copied or commit, package, project,
-                 author, python)  # fmt: skip
-    if init_git:
-        git_init(dest, f"New project {package}, from the {TEMPLATE} template")
-    return dest
+def _paths(root: Path, *args: str) -> list[str]:
+    """The paths a git command lists (with -z, right after the command: any name, unquoted)."""
+    return [p for p in git(root, args[0], "-z", *args[1:]).split("\0") if p]
 
 
 class MergeConflict(NewProjectError):
-    """The merge stopped on conflicts: the project is mid-merge, as git leaves it."""
+    """copier left conflicts: the project is mid-update, its changes uncommitted."""
+
+
+def copier_command() -> list[str]:
+    if importlib.util.find_spec("copier") is None:
+        raise NewProjectError("copier is not installed in this Python: make install (or "
+                              "pip install -e '.[template]'), then again")  # fmt: skip
+    return [sys.executable, "-m", "copier"]
+
+
+def template_url(src: Path) -> str:
+    """copier's source for `src`: through git where it is a checkout, so the copy is its commit
+    (copier copies a dirty local checkout's uncommitted changes), else the folder as it is."""
+    return f"git+file://{src.resolve()}" if template_commit(src) else str(src.resolve())
+
+
+def copier(args: list[str], cwd: Path | None = None) -> None:
+    proc = subprocess.run([*copier_command(), *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        said = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+        raise NewProjectError(f"copier {args[0]} failed: {said[-1] if said else proc.returncode}")
+
+
+def answers_args(answers: dict[str, str]) -> list[str]:
+    return [arg for key, value in answers.items() for arg in ("-d", f"{key}={value}")]
+
+
+def create(dest: Path, package: str, project: str = "", author: str = "", python: str = "",
+           src: Path = ROOT, init_git: bool = True) -> Path:  # fmt: skip
+    """Render the scaffold of `src` (as committed) for `package` into `dest`, with its library
+    wheel, and make a first commit; refuse bad names or a non-empty `dest` first."""
+    check_package(package)
+    dest = dest.resolve()
+    check_dest(dest)
+    commit = template_commit(src)
+    if commit:
+        note_uncommitted(src, commit)
+    answers = {"project_name": project or package.replace("_", "-"), "package_name": package,
+               "author": author, "python_version": python or "3.10"}  # fmt: skip
+    try:
+        copier(["copy", "--trust", "--defaults", "--quiet", "--vcs-ref", "HEAD",
+                *answers_args(answers), template_url(src), str(dest)])  # fmt: skip
+    except NewProjectError:
+        shutil.rmtree(dest, ignore_errors=True)  # nothing half-made is left
+        raise
+    if init_git:
+        git_init(dest, f"New project {package}, from {TEMPLATE}")
+    return dest
+
+
+def build_wheel(src: Path, dest: Path) -> Path:
+    """The library of the checkout `src` as a wheel in `dest` (copier.yml's task), in place of
+    any older fasttrain wheel there: the one version the project pins."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob(f"{TEMPLATE}-*.whl"):
+        old.unlink()
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dest), str(src)]
+    proc = subprocess.run(pip, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise NewProjectError(f"building the {TEMPLATE} wheel failed: {proc.stderr.strip()[-500:]}")
+    (wheel,) = dest.glob(f"{TEMPLATE}-*.whl")
+    return wheel
+
+
+def git_init(root: Path, message: str) -> None:
+    """`git init` and a first commit, under the user's git identity (a neutral one if unset):
+    copier update merges against the project's history."""
+    if shutil.which("git") is None:
+        print("git not found: the project is not a repository yet", file=sys.stderr)
+        return
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, *_ident(root), "commit", "-q", "-m", message)
+
+
+def read_record(root: Path) -> dict[str, str]:
+    """The answers copier recorded (flat `key: value` lines)."""
+    record = root / RECORD
+    if not record.is_file():
+        raise NewProjectError(f"no {RECORD} in {root}: not a project made from {TEMPLATE}")
+    pairs = re.findall(r"^(\w+): ?(.*)$", record.read_text(encoding="utf-8"), flags=re.M)
+    return {key: value.strip().strip("'\"") for key, value in pairs}
 
 
 def update(root: Path, source: str = "", ref: str = "") -> str:
-    """Merge a newer template into the project in `root` (see the module doc); what happened,
-    in one line. NewProjectError before anything changes if it cannot; a merge that conflicts
-    is left to resolve, as `git merge` leaves it."""
-    record_file = root / RECORD
-    if not record_file.is_file():
-        raise NewProjectError(f"no {RECORD} in {root}: not a project made from the template")
-    record = json.loads(record_file.read_text(encoding="utf-8"))
+    """Take a newer fasttrain into the project in `root` (see the module doc); what happened, in
+    one line. NewProjectError before anything changes if it cannot; conflicts are left to
+    resolve (MergeConflict)."""
+    record = read_record(root)
     if git(root, "status", "--porcelain", "--untracked-files=no").strip():
         raise NewProjectError("the project has uncommitted changes: commit or stash them first")
-    branch = ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{BRANCH}"]
-    if subprocess.run(branch, cwd=root, capture_output=True).returncode != 0:
-        first = "<the project's first commit>"
-        raise NewProjectError(f"no branch '{BRANCH}' (the template as first rendered here): "
-                              f"git branch {BRANCH} {first}, then again")  # fmt: skip
-    source = source or record.get("source", "")
+    source = source or record.get("_src_path", "")
     if not source:
         raise NewProjectError(f"{RECORD} names no template source: give one, "
                               "make update-template FROM=path-or-git-url")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         checkout = Path(tmp) / "template"
-        git(root, "clone", "-q", *(["--branch", ref] if ref else []), source, str(checkout))
-        commit = template_commit(checkout)
-        if commit and commit == record.get("commit"):
-            return f"already at the template's {commit[:12]}: nothing to merge"
-        _render(checkout, Path(tmp) / "render", record, source, commit)
-        old = git(root, "rev-parse", BRANCH).strip()
-        strays = _strays(root, checkout, record)
-        _commit_rendering(root, Path(tmp) / "render", Path(tmp) / "worktree", commit, strays)
-    in_the_way = _in_the_way(root, old)
-    if in_the_way:  # nothing changed yet: the branch back where it was
-        git(root, "update-ref", f"refs/heads/{BRANCH}", old)
+        git(root, "clone", "-q", *(["--branch", ref] if ref else []), source.removeprefix("git+"),
+            str(checkout))  # fmt: skip
+        scaffold = SCAFFOLD.relative_to(ROOT)
+        if not (checkout / "copier.yml").is_file() or not (checkout / scaffold).is_dir():
+            raise NewProjectError(f"{source} is not the {TEMPLATE} template (no copier.yml and "
+                                  f"{scaffold} in it)")  # fmt: skip
+        commit = git(checkout, "rev-parse", "HEAD").strip()
+        if _same_commit(checkout, record.get("_commit", ""), commit):
+            return f"already at the template's {commit[:12]}: nothing to update"
+        in_the_way = _in_the_way(root, checkout, record)
+    if in_the_way:
         raise NewProjectError(f"the template's {commit[:12]} would overwrite {len(in_the_way)} "
                               f"file(s) the project does not track: {_listing(in_the_way)}; "
                               "move them away (or commit them), then again")  # fmt: skip
-    head = git(root, "rev-parse", "HEAD").strip()
-    merged = subprocess.run(["git", *_ident(root), "merge", "--no-edit", BRANCH], cwd=root,
-                            capture_output=True, text=True)  # fmt: skip
-    if merged.returncode != 0:
-        conflicts = git(root, "diff", "--name-only", "--diff-filter=U").split()
-        if not conflicts:  # refused before it began (an untracked file in the way, ...)
-            said = (merged.stderr.strip() or merged.stdout.strip()).splitlines()
-            raise NewProjectError(f"git merge {BRANCH} refused: {said[0] if said else ''}")
+    url = source if "://" in source or "@" in source else template_url(Path(source))
+    if url != record.get("_src_path"):  # copier update takes the source its record names
+        _set_source(root, url)
+    copier(["update", "--trust", "--defaults", "--quiet", "--conflict", "inline",
+            "--vcs-ref", commit], cwd=root)  # fmt: skip
+    conflicts = _conflicted(root)
+    if conflicts:
         raise MergeConflict(f"the template's {commit[:12]} conflicts with the project's changes "
-                            f"in {', '.join(conflicts)}: resolve them and git commit "
-                            "(or git merge --abort)")  # fmt: skip
-    removed = _paths(root, "diff", "--name-only", "--no-renames", "--diff-filter=D", head, "HEAD")
-    line = f"merged the template's {commit[:12]} into the project"
-    if removed:  # the template dropped them; the project had left them alone
-        line += f"; it removed {len(removed)} file(s) the template no longer ships: "
-        line += _listing(removed)
-    return line
+                            f"in {_listing(conflicts)}: resolve them and git commit "
+                            "(or git reset --hard to drop the update)")  # fmt: skip
+    version = pinned_version(root)
+    git(root, "add", "-A")
+    git(root, *_ident(root), "commit", "-q", "-m",
+        f"{TEMPLATE} {version}, the template at {commit[:12]}")  # fmt: skip
+    return f"updated to {TEMPLATE} {version}, the template's {commit[:12]}"
 
 
-def _paths(root: Path, *args: str) -> list[str]:
-    """The paths a git command lists (with -z, right after the command: any name, unquoted)."""
-    return [p for p in git(root, args[0], "-z", *args[1:]).split("\0") if p]
+def _same_commit(checkout: Path, recorded: str, commit: str) -> bool:
+    """`recorded`: copier's `git describe` of the commit it rendered (a tag or a short hash)."""
+    if not recorded:
+        return False
+    proc = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{recorded}^{{commit}}"],
+                          cwd=checkout, capture_output=True, text=True)  # fmt: skip
+    return proc.returncode == 0 and proc.stdout.strip() == commit
+
+
+def _set_source(root: Path, url: str) -> None:
+    record = root / RECORD
+    text = re.sub(r"^_src_path: .*$", f"_src_path: {url}", record.read_text(encoding="utf-8"),
+                  flags=re.M)  # fmt: skip
+    record.write_text(text, encoding="utf-8")
+    git(root, "add", RECORD)
+    git(root, *_ident(root), "commit", "-q", "-m", f"Take {TEMPLATE} from {url}")
+
+
+def _in_the_way(root: Path, checkout: Path, record: dict[str, str]) -> list[str]:
+    """Files the newer scaffold writes that the project has but does not track: copier would
+    overwrite them (a user's .env, their data) without a word."""
+    render = checkout.parent / "render"
+    answers = {k: v for k, v in record.items() if not k.startswith("_")}
+    copier(["copy", "--trust", "--defaults", "--quiet", "--skip-tasks", "--vcs-ref", "HEAD",
+            *answers_args(answers), f"git+file://{checkout}", str(render)])  # fmt: skip
+    incoming = [p.relative_to(render).as_posix() for p in render.rglob("*") if p.is_file()]
+    tracked = set(_paths(root, "ls-files"))
+    return sorted(p for p in incoming if p not in tracked and os.path.lexists(root / p))
+
+
+def _conflicted(root: Path) -> list[str]:
+    """The changed files copier left with inline conflict markers."""
+    marker = re.compile(r"^<<<<<<< ", re.M)
+    changed = _paths(root, "diff", "--name-only")
+    texts = {p: (root / p).read_text(errors="replace") for p in changed if (root / p).is_file()}
+    return [p for p, text in texts.items() if marker.search(text)]
+
+
+def pinned_version(root: Path) -> str:
+    """The fasttrain version the project's pyproject pins."""
+    found = re.search(rf'"{TEMPLATE}==([^"\]]+)"', (root / "pyproject.toml").read_text())
+    return found.group(1) if found else "(unpinned)"
 
 
 def _listing(paths: list[str], most: int = 5) -> str:
@@ -346,91 +322,20 @@ def _listing(paths: list[str], most: int = 5) -> str:
     return ", ".join(paths[:most]) + more
 
 
-def _in_the_way(root: Path, old: str) -> list[str]:
-    """Files the template's side of the merge writes that the project has but does not track:
-    git merge refuses untracked ones without naming them, and overwrites ignored ones (a
-    user's .env, data) silently."""
-    incoming = _paths(root, "diff", "--name-only", "--no-renames", "--diff-filter=d", old, BRANCH)
-    tracked = set(_paths(root, "ls-files"))
-    return [p for p in incoming if p not in tracked and os.path.lexists(root / p)]
-
-
-def _strays(root: Path, checkout: Path, record: dict) -> list[str]:
-    """Files on the branch `template` that the template did not track at the commit it was
-    rendered from: an older `create` copied its checkout's working tree (.env, data/) into the
-    first commit. Rendered without them, the update would delete them from the project."""
-    commit = record.get("commit", "")
-    known = ["git", "cat-file", "-e", f"{commit}^{{commit}}"]
-    if not commit or subprocess.run(known, cwd=checkout, capture_output=True).returncode != 0:
-        return []  # a commit this template does not have: nothing to tell them by
-    shipped = set(_paths(checkout, "ls-tree", "-r", "--name-only", commit))
-    script = re.compile(r"src/([^/]+)/tools/new_project\.py")
-    own = [m.group(1) for m in map(script.fullmatch, shipped) if m]
-    if len(own) != 1:
-        return []
-    # the project's src/<package>/ was the template's src/<its package>/ (nothing else moves)
-    moved = re.compile(rf"^src/{re.escape(record['package'])}/")
-    rendered = _paths(root, "ls-tree", "-r", "--name-only", BRANCH)
-    return [p for p in rendered
-            if p != RECORD and moved.sub(f"src/{own[0]}/", p) not in shipped]  # fmt: skip
-
-
-def _render(checkout: Path, render: Path, record: dict, source: str, commit: str) -> None:
-    """The newer template, copied and renamed as `create` did for this project, by the newer
-    template's own script (its renaming may have changed too)."""
-    scripts = list(checkout.glob("src/*/tools/new_project.py"))
-    if len(scripts) != 1:
-        raise NewProjectError(f"{source} is not the template (no src/<package>/tools/"
-                              "new_project.py in it)")  # fmt: skip
-    (script,) = scripts
-    names = ["--package", record["package"], "--project", record["project"],
-             "--author", record["author"], "--python", record["python"]]  # fmt: skip
-    args = [sys.executable, str(script), "create", str(render), *names, "--no-git",
-            "--for-update", "--source", source, "--commit", commit]  # fmt: skip
-    proc = subprocess.run(args, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise NewProjectError(f"rendering the template failed: {proc.stderr.strip()[-500:]}")
-
-
-def _commit_rendering(root: Path, render: Path, worktree: Path, commit: str,
-                      strays: list[str]) -> None:  # fmt: skip
-    """Make `render` the next commit of the branch `template` (in a worktree of its own, which
-    is all that `git rm` clears), keeping `strays` the rendering does not have."""
-    git(root, "worktree", "add", "-q", str(worktree), BRANCH)
-    try:
-        git(worktree, "rm", "-r", "-q", "--ignore-unmatch", ".")
-        copy_tree(render, worktree)
-        kept = [p for p in strays if not (render / p).exists()]
-        if kept:
-            git(worktree, "checkout", "HEAD", "--", *kept)
-            print(
-                f"note: kept {len(kept)} file(s) an older new-project copied from the "
-                f"template's uncommitted working tree: {_listing(kept)}",
-                file=sys.stderr,
-            )
-        git(worktree, "add", "-A")
-        if git(worktree, "status", "--porcelain").strip():
-            git(worktree, *_ident(root), "commit", "-q", "-m", f"Template at {commit[:12]}")
-    finally:
-        git(root, "worktree", "remove", "--force", str(worktree))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("create", "rename"):
-        cmd = sub.add_parser(name)
-        cmd.add_argument("dest" if name == "create" else "root", type=Path)
-        cmd.add_argument("--package", required=True, help="Python package name, e.g. acme_vision")
-        cmd.add_argument("--project", default="", help="distribution name (default: package)")
-        cmd.add_argument("--author", default="")
-        cmd.add_argument("--python", default="", help="minimum Python version, e.g. 3.11")
-        cmd.add_argument("--no-git", action="store_true", help="skip git init and first commit")
-        cmd.add_argument("--source", default="", help="where the template came from (record)")
-        cmd.add_argument("--commit", default="", help="the template's commit (record)")
-        if name == "create":
-            cmd.add_argument("--for-update", action="store_true", help=argparse.SUPPRESS)
-    cmd = sub.add_parser("update", help="merge a newer template into this project")
+    cmd = sub.add_parser("create", help="make a new project")
+    cmd.add_argument("dest", type=Path)
+    cmd.add_argument("--package", required=True, help="Python package name, e.g. acme_vision")
+    cmd.add_argument("--project", default="", help="distribution name (default: package)")
+    cmd.add_argument("--author", default="")
+    cmd.add_argument("--python", default="", help="minimum Python version, e.g. 3.11")
+    cmd.add_argument("--no-git", action="store_true", help="skip git init and first commit")
+    cmd = sub.add_parser("wheel", help="build the library's wheel (copier.yml's task)")
+    cmd.add_argument("src", type=Path)
+    cmd.add_argument("dest", type=Path)
+    cmd = sub.add_parser("update", help="take a newer fasttrain into this project")
     cmd.add_argument("source", nargs="?", default="", help="template path or git URL "
                      f"(default: the one in {RECORD})")  # fmt: skip
     cmd.add_argument("--ref", default="", help="the template's branch or tag (default: its HEAD)")
@@ -439,16 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "create":
             dest = create(args.dest, args.package, args.project, args.author, args.python,
-                          init_git=not args.no_git, source=args.source, commit=args.commit,
-                          for_update=args.for_update)  # fmt: skip
+                          init_git=not args.no_git)  # fmt: skip
             print(f"created {dest}: cd {dest} && make test")
-        elif args.command == "rename":
-            project = args.project or args.package.replace("_", "-")
-            rename(args.root, args.package, project, args.author, args.python)
-            write_record(args.root, args.source, args.commit, args.package, project,
-                         args.author, args.python)  # fmt: skip
-            if not args.no_git:
-                git_init(args.root, f"New project {args.package}, from the {TEMPLATE} template")
+        elif args.command == "wheel":
+            print(f"built {build_wheel(args.src, args.dest)}")
         else:
             print(update(args.root.resolve(), args.source, args.ref))
     except MergeConflict as err:

@@ -20,7 +20,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from conftest import CONF
+from fasttrain import CONFIG_DIR
+
+# the project's conf/ (fasttrain.config_dir): the options tested are the project's own
+CONF = Path(CONFIG_DIR)
 
 DEFAULT_DATA = "digits"
 GPU_PRESET_PARAMS = 20_000_000

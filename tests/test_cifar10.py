@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from fasttrain.testing.fake_data import CIFAR_NAMES, write_cifar10
 from fasttrain.config.errors import UserError
 from fasttrain.data import cifar10
 from fasttrain.data.cifar10 import Cifar10DataModule
+from fasttrain.testing.fake_data import CIFAR_NAMES, write_cifar10
 
 
 def module(path: Path, **kwargs) -> Cifar10DataModule:

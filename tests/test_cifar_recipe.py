@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from practices import build_run, compose_train
 
 from conftest import REPO, run_cli
-from fasttrain.testing.fake_data import write_cifar10
 from fasttrain.config.errors import ConfigError
 from fasttrain.data.augment import PadCropFlip, augment_training_batch
 from fasttrain.data.cifar10 import Cifar10DataModule
+from fasttrain.testing.fake_data import write_cifar10
 
 RECIPE = "experiment=cifar10_resnet18"
 # The recipe at test size on 2 CPU cores: ResNet-18's 4 stages of 2 blocks at 1/8 of its widths,

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from fasttrain.testing.fake_data import write_image_folder
 from fasttrain.checkpoints.load import load_task
 from fasttrain.models import Classifier
 from fasttrain.models.nets import SmallCNN
+from fasttrain.testing.fake_data import write_image_folder
 
 MEAN, STD = [125.3, 123.0, 113.9], [63.0, 62.1, 66.7]
 

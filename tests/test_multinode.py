@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("webdataset", reason="shards need WebDataset: pip install -e '.[data]'")
 pytest.importorskip("PIL", reason="shards need Pillow: pip install -e '.[data]'")
 from conftest import REPO, final_metrics, run_cli, run_dirs
-from fasttrain.testing.fake_data import write_image_folder
 from fasttrain.data.image_folder import ImageFolderDataModule
 from fasttrain.data.shards import write_shards
+from fasttrain.testing.fake_data import write_image_folder
 
 RUN = ["train.py", "data=shards", "data.num_classes=3", "data.image_size=[16,16]",
        "data.num_workers=0", "data.batch_size=4", "model.net.channels=[8]", "trainer.max_epochs=2",

@@ -39,11 +39,15 @@ def test_importing_the_package_loads_no_framework() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_the_version_is_one_number_in_the_package_pyproject_and_changelog() -> None:
+def test_the_version_is_one_number_in_the_package_pyproject_changelog_and_copier_yml() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert fasttrain.__version__ == project["version"]
     newest = re.search(r"^## (\S+)", (REPO / "CHANGELOG.md").read_text(), re.M)
     assert newest is not None and newest.group(1) == fasttrain.__version__
+    # what a new project pins (copier.yml's fasttrain_version)
+    copier = (REPO / "copier.yml").read_text()
+    pinned = re.search(r'^fasttrain_version:\n(?:  .*\n)*?  default: "(.+)"', copier, re.M)
+    assert pinned is not None and pinned.group(1) == fasttrain.__version__
 
 
 def test_the_readme_examples_import_only_public_names() -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from fasttrain.testing.cases import compose_train
 
 from conftest import run_cli, scalars, verdict
 from fasttrain.checkpoints.load import load_task
 from fasttrain.models import Regressor
+from fasttrain.testing.cases import compose_train
 
 RUN = ["model=regressor", "data=diabetes"]
 

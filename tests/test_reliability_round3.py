@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fasttrain.testing.cases import compose_train
 
 from conftest import run_cli
+from fasttrain.testing.cases import compose_train
 
 RUN = ["model=mlp", "data=wine", "data.num_workers=0", "logger=none", "trainer.max_epochs=1"]
 
@@ -142,10 +142,10 @@ def test_hidden_files_in_class_folders_are_not_images(tmp_path: Path) -> None:
 
 def test_image_folder_classes_are_counted_when_the_config_resolves(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
-    from fasttrain.testing.fake_data import write_image_folder
     from fasttrain.assemble import build_run
     from fasttrain.config.errors import UserError
     from fasttrain.config.schema import validate
+    from fasttrain.testing.fake_data import write_image_folder
 
     root = write_image_folder(tmp_path / "imgs", ("a", "b", "c"), per_class=4)
     chosen = ["data=image_folder", f"data.path={root}", "data.image_size=[8,8]"]
@@ -186,9 +186,9 @@ def test_evaluate_says_when_the_image_files_changed(
     from hydra import compose, initialize_config_dir
 
     from conftest import CONF
-    from fasttrain.testing.fake_data import image, write_image_folder
     from fasttrain.assemble import restore
     from fasttrain.tasks import train
+    from fasttrain.testing.fake_data import image, write_image_folder
 
     root = write_image_folder(tmp_path / "imgs", ("a", "b"), per_class=12)
     run = ["data=image_folder", f"data.path={root}", "data.image_size=[8,8]", "model=mlp",
@@ -212,9 +212,9 @@ def test_evaluate_says_when_the_image_files_changed(
 
 def test_an_error_naming_its_override_gets_no_second_prefix(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
-    from fasttrain.testing.fake_data import write_image_folder
     from fasttrain.assemble import build
     from fasttrain.config.errors import UserError
+    from fasttrain.testing.fake_data import write_image_folder
 
     root = write_image_folder(tmp_path / "imgs", ("a", "b"), per_class=3)
     (root / "a" / "broken.png").write_bytes(b"\x89PNG not really")
@@ -258,8 +258,8 @@ def test_sigkill_mid_epoch_with_augmentation_resumes_bit_exact(
 ) -> None:
     pytest.importorskip("PIL")
     from conftest import REPO
-    from fasttrain.testing.fake_data import write_image_folder
     from fasttrain.tasks import train
+    from fasttrain.testing.fake_data import write_image_folder
 
     root = write_image_folder(tmp_path / "imgs", ("a", "b", "c"), per_class=16)
     run = [*AUGMENTED, f"data.path={root}", f"data.num_workers={workers}"]

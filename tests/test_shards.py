@@ -14,7 +14,6 @@ import torch
 
 pytest.importorskip("webdataset", reason="shards need WebDataset: pip install -e '.[data]'")
 pytest.importorskip("PIL", reason="shards need Pillow: pip install -e '.[data]'")
-from fasttrain.testing.fake_data import write_image_folder
 from fasttrain.config.errors import UserError
 from fasttrain.data.shards import (
     ShardLoader,
@@ -24,6 +23,7 @@ from fasttrain.data.shards import (
     resume_point,
     write_shards,
 )
+from fasttrain.testing.fake_data import write_image_folder
 
 
 class Numbered:

@@ -86,12 +86,17 @@ def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
         overrides.append("ckpt_path=some.ckpt")
     if primary == "prepare":
         overrides.append(f"output_dir={tmp_path}/shards")
-    overrides += [f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run", *extra]
-    if primary == "train":
-        overrides = [*pairing(group, option), *overrides]
+    overrides += [f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path}/run"]
+    hydra = parts[0] == "hydra"
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(primary, overrides=overrides, return_hydra_config=parts[0] == "hydra")
-        write_for(cfg)  # image data sets read files: small fakes where data.path points
+        # image data sets read files: small fakes where data.path points
+        write_for(compose(primary, overrides=overrides, return_hydra_config=hydra))
+    if primary == "train":  # after the fakes: the pairing resolves the data's num_classes
+        overrides = [*pairing(group, option, tmp_path), *overrides]
+    overrides += extra
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(primary, overrides=overrides, return_hydra_config=hydra)
+        write_for(cfg)  # the data set the pairing chose
         cnn = "model" in cfg and str(cfg.model.net.get("_target_", "")).endswith("SmallCNN")
         if group == "data" and cnn and not image_shaped(cfg.data.input_shape):
             # A data set declares the input it gives (input_shape); the default net is a CNN on
@@ -100,7 +105,7 @@ def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
         return cfg
 
 
-def pairing(group: str, option: str) -> list[str]:
+def pairing(group: str, option: str, tmp_path: Path | None = None) -> list[str]:
     """What a task or a data set runs with when selected alone: a task option with the first data
     set it takes, a data option with the first task whose config resolves on it (tasks are
     discovered from conf/model, fasttrain.testing.cases)."""
@@ -116,16 +121,16 @@ def pairing(group: str, option: str) -> list[str]:
                 continue
             return [] if task == "classifier" else chosen[:2]
         return []
-    if group != "data" or _resolves(None, option):
+    if group != "data" or _resolves(None, option, tmp_path):
         return []
-    task = next((t for t in task_files() if _resolves(t, option)), None)
+    task = next((t for t in task_files() if _resolves(t, option, tmp_path)), None)
     return [f"model={task}"] if task else []
 
 
-def _resolves(task: str | None, data: str) -> bool:
+def _resolves(task: str | None, data: str, tmp_path: Path | None = None) -> bool:
     chosen = [f"data={data}", *([f"model={task}"] if task else [])]
     try:
-        OmegaConf.to_container(compose_train(chosen).model, resolve=True)
+        OmegaConf.to_container(compose_train(chosen, tmp_path).model, resolve=True)
     except Exception:  # e.g. num_classes asked of a data set of regression targets
         return False
     return True

@@ -259,6 +259,7 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
     url = source if "://" in source or "@" in source else template_url(Path(source))
     if url != record.get("_src_path"):  # copier update takes the source its record names
         _set_source(root, url)
+    untracked = set(_untracked(root))  # the user's own .env, data: never committed by this
     copier(["update", "--trust", "--defaults", "--quiet", "--conflict", "inline",
             "--vcs-ref", commit], cwd=root)  # fmt: skip
     conflicts = _conflicted(root)
@@ -267,7 +268,10 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
                             f"in {_listing(conflicts)}: resolve them and git commit "
                             "(or git reset --hard to drop the update)")  # fmt: skip
     version = pinned_version(root)
-    git(root, "add", "-A")
+    git(root, "add", "-u")
+    incoming = [p for p in _untracked(root) if p not in untracked]  # files the template added
+    if incoming:
+        git(root, "add", "--", *incoming)
     git(root, *_ident(root), "commit", "-q", "-m",
         f"{TEMPLATE} {version}, the template at {commit[:12]}")  # fmt: skip
     return f"updated to {TEMPLATE} {version}, the template's {commit[:12]}"
@@ -301,6 +305,10 @@ def _in_the_way(root: Path, checkout: Path, record: dict[str, str]) -> list[str]
     incoming = [p.relative_to(render).as_posix() for p in render.rglob("*") if p.is_file()]
     tracked = set(_paths(root, "ls-files"))
     return sorted(p for p in incoming if p not in tracked and os.path.lexists(root / p))
+
+
+def _untracked(root: Path) -> list[str]:
+    return _paths(root, "ls-files", "--others", "--exclude-standard")
 
 
 def _conflicted(root: Path) -> list[str]:

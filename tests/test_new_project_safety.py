@@ -59,7 +59,7 @@ def make_template(root: Path) -> Path:
     (template / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = "setuptools.build_meta"\n'
         f'[project]\nname = "{TEMPLATE}"\nversion = "0.0.1"\n'
-        '[tool.setuptools.packages.find]\nwhere = ["src"]\nexclude = ["fasttrain.scaffold*"]\n'
+        '[tool.setuptools.packages.find]\nwhere = ["src"]\n'
     )
     scaffold = template / SCAFFOLD.relative_to(REPO)
     (scaffold / "conf").mkdir(parents=True)
@@ -71,6 +71,7 @@ def make_template(root: Path) -> Path:
     )
     (scaffold / FIT_PATH).write_text(FIT)
     (scaffold / "conf" / "old.yaml").write_text("retired: true\n")
+    (scaffold / ".gitignore").write_text(".env\n/data/\n")  # as the real scaffold's
     (template / ".gitignore").write_text("logs/\n")
     git(template, "init", "-q")
     git(template, "add", "-A")
@@ -179,12 +180,9 @@ def test_update_refuses_to_overwrite_files_the_project_does_not_track(tmp_path: 
     template = make_template(tmp_path)
     project = tmp_path / NEW
     assert make_project(template, project).returncode == 0
-    (project / ".gitignore").write_text(".env\n")
-    git(project, "add", ".gitignore")
-    git(project, "commit", "-q", "-m", "our .env stays ours")
-    (project / ".env").write_bytes(SECRET)  # ignored: copier would overwrite it silently
+    (project / ".env").write_bytes(SECRET)  # ignored: copier would overwrite them silently
     (project / "data").mkdir()
-    (project / "data" / "README.md").write_text("our notes\n")  # untracked
+    (project / "data" / "README.md").write_text("our notes\n")
     commit_file(template, scaffold_path(".env"), "TOKEN=\n")  # the template starts shipping both
     commit_file(template, scaffold_path("data/README.md"), "Put data here.\n")
     before = git(project, "rev-parse", "HEAD")
@@ -197,3 +195,11 @@ def test_update_refuses_to_overwrite_files_the_project_does_not_track(tmp_path: 
     assert (project / "data" / "README.md").read_text() == "our notes\n"
     assert git(project, "rev-parse", "HEAD") == before  # nothing changed
     assert RECORD in git(project, "ls-files")
+    # a file neither tracked nor ignored: copier would refuse it in words of its own
+    commit_file(template, scaffold_path(".env"), None)
+    commit_file(template, scaffold_path("data/README.md"), None)
+    (project / "notes.txt").write_text("mine\n")
+    proc = update(project, template)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "1 untracked file(s): notes.txt; add them to git or .gitignore" in proc.stderr
+    assert git(project, "rev-parse", "HEAD") == before

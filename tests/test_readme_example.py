@@ -89,9 +89,14 @@ def entry(conf: Path, name: str, out: Path, overrides: list[str]) -> DictConfig:
 
 @pytest.mark.parametrize("what", RUNS)
 def test_each_example_trains_evaluates_exports_and_predicts(
-    what: str, added: Path, tmp_path: Path
+    what: str, added: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from fasttrain.checkpoints import allow
     from fasttrain.tasks import evaluate, export, predict, train
+
+    # the copy is the project's conf/: checkpoints may name what it names, as in a project
+    project_targets = allow.conf_targets(str(added))
+    monkeypatch.setattr(allow, "conf_targets", lambda config_dir="": project_targets)
 
     overrides, data = RUNS[what]
     metrics = train(entry(added, "train", tmp_path / "t", [*overrides, *SHORT]))

@@ -4,7 +4,7 @@ place that knows how.
     make new-project NAME=acme_vision DEST=../acme_vision        (in this repository)
     make update-template [FROM=path-or-git-url] [REF=tag]         (in the new project)
 
-A new project is thin: the scaffold under src/fasttrain/scaffold/ (conf/, Makefile, train.py,
+A new project is thin: the scaffold under src/fasttrain/tools/scaffold/ (conf/, Makefile, train.py,
 tests/, notebooks/, one example each of a net, a data set and a task under src/<package>/),
 rendered by copier (copier.yml) for the project's names, and the fasttrain library as a wheel
 built from the same commit into wheels/, which its pyproject pins by version. The machinery is
@@ -31,7 +31,9 @@ from pathlib import Path
 
 TEMPLATE = "fasttrain"  # the library's package name
 ROOT = Path(__file__).resolve().parents[3]  # src/fasttrain/tools/new_project.py
-SCAFFOLD = ROOT / "src" / TEMPLATE / "scaffold"  # what copier.yml renders (its _subdirectory)
+SCAFFOLD = (
+    ROOT / "src" / TEMPLATE / "tools" / "scaffold"
+)  # what copier.yml renders (its _subdirectory)
 RECORD = ".copier-answers.yml"  # in a new project: the scaffold's source and commit
 WHEELS = "wheels"  # in a new project: the pinned fasttrain, installed offline
 
@@ -259,7 +261,11 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
     url = source if "://" in source or "@" in source else template_url(Path(source))
     if url != record.get("_src_path"):  # copier update takes the source its record names
         _set_source(root, url)
-    untracked = set(_untracked(root))  # the user's own .env, data: never committed by this
+    untracked = _untracked(root)  # copier refuses to update beside them, and so says less
+    if untracked:
+        raise NewProjectError(f"the project has {len(untracked)} untracked file(s): "
+                              f"{_listing(untracked)}; add them to git or .gitignore (or move "
+                              "them away), then again")  # fmt: skip
     copier(["update", "--trust", "--defaults", "--quiet", "--conflict", "inline",
             "--vcs-ref", commit], cwd=root)  # fmt: skip
     conflicts = _conflicted(root)
@@ -268,10 +274,7 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
                             f"in {_listing(conflicts)}: resolve them and git commit "
                             "(or git reset --hard to drop the update)")  # fmt: skip
     version = pinned_version(root)
-    git(root, "add", "-u")
-    incoming = [p for p in _untracked(root) if p not in untracked]  # files the template added
-    if incoming:
-        git(root, "add", "--", *incoming)
+    git(root, "add", "-A")  # nothing was untracked: all of it is the update's
     git(root, *_ident(root), "commit", "-q", "-m",
         f"{TEMPLATE} {version}, the template at {commit[:12]}")  # fmt: skip
     return f"updated to {TEMPLATE} {version}, the template's {commit[:12]}"

@@ -8,6 +8,7 @@ identity, never the user's config."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,7 +56,14 @@ def make_template(root: Path) -> Path:
     (package / "tools").mkdir(parents=True)
     shutil.copy(new_project.__file__, package / "tools" / "new_project.py")
     (package / "__init__.py").write_text('__version__ = "0.0.1"\n')
-    shutil.copy(REPO / "copier.yml", template / "copier.yml")
+    copier = re.sub(
+        r'^  default: "\d+\.\d+\.\d+"$',
+        '  default: "0.0.1"',
+        (REPO / "copier.yml").read_text(),
+        count=1,
+        flags=re.M,
+    )  # the version pinned
+    (template / "copier.yml").write_text(copier)
     (template / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = "setuptools.build_meta"\n'
         f'[project]\nname = "{TEMPLATE}"\nversion = "0.0.1"\n'

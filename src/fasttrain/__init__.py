@@ -4,7 +4,7 @@ Importing the package is cheap on purpose: torch and Lightning load only when a 
 `python train.py --help` answers in well under a second.
 """
 
-__version__ = "0.2.0"  # the project's version (pyproject.toml); CHANGELOG.md says what changed
+__version__ = "0.3.0"  # the project's version (pyproject.toml); CHANGELOG.md says what changed
 
 import os
 import sys

@@ -168,7 +168,7 @@ VERSION_B = "99.0.0"  # the template's next version, in commit B
 def bump_version(template: Path, version: str) -> None:
     """Commit B's version, everywhere it is written (tests/test_public_api.py keeps them one)."""
     edits = {"pyproject.toml": r'^version = ".*"$', "copier.yml": r'^  default: "\d+\.\d+\.\d+"$',
-             f"src/{TEMPLATE}/__init__.py": r'^__version__ = ".*"$'}  # fmt: skip
+             f"src/{TEMPLATE}/__init__.py": r'^__version__ = "[^"]*"'}  # fmt: skip
     for rel, pattern in edits.items():
         path = template / rel
         text, n = re.subn(pattern, lambda m: re.sub(r"\d+\.\d+\.\d+", version, m.group(0)),

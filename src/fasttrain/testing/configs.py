@@ -121,19 +121,23 @@ def pairing(group: str, option: str, tmp_path: Path | None = None) -> list[str]:
                 continue
             return [] if task == "classifier" else chosen[:2]
         return []
-    if group != "data" or _resolves(None, option, tmp_path):
+    if group != "data" or _takes(None, option, tmp_path):
         return []
-    task = next((t for t in task_files() if _resolves(t, option, tmp_path)), None)
+    task = next((t for t in task_files() if _takes(t, option, tmp_path)), None)
     return [f"model={task}"] if task else []
 
 
-def _resolves(task: str | None, data: str, tmp_path: Path | None = None) -> bool:
+def _takes(task: str | None, data: str, tmp_path: Path | None = None) -> bool:
+    """Whether the task (None: the default) builds on the data set and takes it."""
     chosen = [f"data={data}", *([f"model={task}"] if task else [])]
     try:
-        OmegaConf.to_container(compose_train(chosen, tmp_path).model, resolve=True)
+        cfg = compose_train(chosen, tmp_path)
+        OmegaConf.to_container(cfg.model, resolve=True)
+        model, datamodule = build(cfg.model, "model"), build(cfg.data, "data")
     except Exception:  # e.g. num_classes asked of a data set of regression targets
         return False
-    return True
+    mismatch = getattr(model, "data_mismatch", None)  # a plain LightningModule says nothing
+    return mismatch is None or mismatch(datamodule) is None
 
 
 def image_shaped(input_shape) -> bool:

@@ -15,6 +15,18 @@ REPO = Path(__file__).resolve().parents[1]
 # the generic tests' plugin (fasttrain.testing): markers, a clean Hydra state per test
 pytest_plugins = ["fasttrain.testing.plugin"]
 CONF = REPO / "conf"
+DOCS = REPO / "docs"  # one page per topic, each linked from README.md
+
+
+def doc(name: str) -> str:
+    """The text of docs/<name>.md, e.g. doc("sweeps")."""
+    return (DOCS / f"{name}.md").read_text()
+
+
+def all_docs() -> str:
+    """README.md and every docs/*.md page, joined: for text that may be on any of them."""
+    pages = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+    return "\n".join(page.read_text() for page in pages)
 
 
 def run_cli(

@@ -1,7 +1,7 @@
 """The package's folders are its architecture: a bounded top level, layers that import only
 downwards (no cycle, nets independent of data), one entry skeleton with the same bad-input
-behaviour everywhere, a README map that matches the tree, and loud failures where a private
-internal of Lightning is used."""
+behaviour everywhere, a map (docs/layout.md) that matches the tree, and loud failures where a
+private internal of Lightning is used."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, doc, run_cli
 
 PACKAGE = REPO / "src" / "fasttrain"
 # a new project's own files (copier.yml renders them), not modules of the library
@@ -171,32 +171,31 @@ def test_entry_points_share_one_skeleton() -> None:
 
 
 def layout_lines() -> list[list[str]]:
-    text = (REPO / "README.md").read_text()
-    block = re.search(r"## Layout\n.*?```\n(.*?)```", text, re.S)
-    assert block, "README has no Layout code block"
+    block = re.search(r"```\n(.*?)```", doc("layout"), re.S)
+    assert block, "docs/layout.md has no code block"
     return [line.split() for line in block.group(1).splitlines() if line.strip()]
 
 
-def test_readme_layout_names_existing_paths_and_every_module() -> None:
+def test_the_layout_page_names_existing_paths_and_every_module() -> None:
     named: set[Path] = set()
     for words in layout_lines():
         head = REPO / words[0]
-        assert head.exists(), f"README Layout names {words[0]}, which does not exist"
+        assert head.exists(), f"docs/layout.md names {words[0]}, which does not exist"
         named.add(head)
         if head.is_dir():  # `folder/  a.py b.py  what they are`: the files listed must exist
             for word in words[1:]:
                 if word.endswith((".py", ".yaml")):
-                    assert (head / word).exists(), f"README Layout: {words[0]}{word} is missing"
+                    assert (head / word).exists(), f"docs/layout.md: {words[0]}{word} is missing"
                     named.add(head / word)
     modules_ = [p for p in modules().values() if p.name != "__init__.py"]
-    # A user's own net, data set or task goes into one of these folders with no README edit.
+    # A user's own net, data set or task goes into one of these folders with no docs edit.
     unnamed = [str(p.relative_to(REPO)) for p in modules_
                if p not in named and p.parent not in USER_FOLDERS]  # fmt: skip
-    assert not unnamed, f"README Layout does not name: {unnamed}"
-    assert named >= USER_FOLDERS, "README Layout does not name every folder user code goes into"
+    assert not unnamed, f"docs/layout.md does not name: {unnamed}"
+    assert named >= USER_FOLDERS, "docs/layout.md does not name every folder user code goes into"
 
 
-# Where a user adds a net, a data set or a task (README "Add your own ..."): new files only.
+# Where a user adds a net, a data set or a task (docs/your-code.md): new files only.
 USER_FOLDERS = {PACKAGE / "models", PACKAGE / "models" / "nets", PACKAGE / "data"}
 
 

@@ -150,13 +150,14 @@ def own_files(package: str) -> dict[str, str]:
     from test_readme_example import readme_files
 
     names = {"res_mlp": "wide_mlp", "breast_cancer": "cancer", "poisson": "counts"}
-    renamed = {**{f"{c}{old}": f"{c}{new}" for old, new in names.items() for c in "./="},
-               "ResMLP": "WideMLP", "BreastCancer": "Cancer", "PoissonRegressor": "Counts",
-               "acme_vision": package}  # fmt: skip
+    # Whole names after a path, module or override separator: F.poisson_nll_loss stays torch's.
+    renamed = {**{rf"(?<=[./=]){old}\b": new for old, new in names.items()},
+               r"\bResMLP\b": "WideMLP", r"\bBreastCancer\b": "Cancer",
+               r"\bPoissonRegressor\b": "Counts", r"\bacme_vision\b": package}  # fmt: skip
     own = {}
     for path, text in readme_files().items():
         for old, new in renamed.items():
-            path, text = path.replace(old, new), text.replace(old, new)
+            path, text = re.sub(old, new, path), re.sub(old, new, text)
         own[path] = text
     assert len(own) == 6, sorted(own)  # net, data set and task: module and config each
     return own

@@ -1,7 +1,7 @@
 """The public API (`fasttrain.PUBLIC`): what a project's own code imports, as
 `from fasttrain import Task`. Each name resolves to the object its module defines, importing the
-package stays cheap, the version is one number everywhere, and the README's examples import
-only these names."""
+package stays cheap, the version is one number everywhere, and the examples of README.md and
+docs/ import only these names."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import tomllib
 
 import fasttrain
-from conftest import REPO
+from conftest import REPO, all_docs
 
 PACKAGE = fasttrain.__name__  # (a generated project renames it)
 
@@ -50,11 +50,10 @@ def test_the_version_is_one_number_in_the_package_pyproject_changelog_and_copier
     assert pinned is not None and pinned.group(1) == fasttrain.__version__
 
 
-def test_the_readme_examples_import_only_public_names() -> None:
-    readme = (REPO / "README.md").read_text()
-    code = "\n".join(re.findall(r"```python\n(.*?)```", readme, re.S))
+def test_the_docs_examples_import_only_public_names() -> None:
+    code = "\n".join(re.findall(r"```python\n(.*?)```", all_docs(), re.S))
     imports = re.findall(rf"^from ({PACKAGE}\S*) import (.+)$", code, re.M)
-    assert imports, "the README's examples import nothing of the package"
+    assert imports, "the examples in README.md and docs/ import nothing of the package"
     for module, names in imports:
         assert module == PACKAGE, f"from {module} import {names}: import it from {PACKAGE}"
         assert {n.strip() for n in names.split(",")} <= set(fasttrain.PUBLIC), names

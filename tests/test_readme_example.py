@@ -1,4 +1,4 @@
-"""The README's "Add your own net, data set or task" examples, taken verbatim from README.md:
+"""The "Add your own net, data set or task" examples, taken verbatim from docs/your-code.md:
 each is new files only in a project's package, and trains, evaluates, exports and predicts with
 no other edit. They are the examples a new project starts with (the scaffold carries them);
 here they are loaded in this process over a copy of conf/, and tests/test_new_project.py runs
@@ -15,15 +15,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from conftest import CONF, REPO
+from conftest import CONF, REPO, doc
 from fasttrain.tools.new_project import SCAFFOLD
 
-# the package a new project's own code is in, as the README names it
+# the package a new project's own code is in, as docs/your-code.md names it
 PACKAGE = "acme_vision"
 
 SHORT = ["++trainer.max_epochs=2", "++trainer.limit_train_batches=4", "data.num_workers=0",
          "logger=none"]  # fmt: skip
-# What the README example adds, as a user runs each: (train overrides, data group).
+# What each example adds, as a user runs it: (train overrides, data group).
 RUNS = {
     "net": (["model/net=res_mlp"], "digits"),
     "data set": (["data=breast_cancer", "model=mlp"], "breast_cancer"),
@@ -32,12 +32,10 @@ RUNS = {
 
 
 def readme_files() -> dict[str, str]:
-    """Each README code block whose first line is `# <path under src/ or conf/>`: path -> text."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("## Add your own net, data set or task")
-    section = text[start : text.index("\n## ", start + 1)]
+    """Each code block of docs/your-code.md ("Add your own net, data set or task") whose first line
+    is `# <path under src/ or conf/>`: path -> text. (Named for where the examples used to be.)"""
     found = {}
-    for block in re.findall(r"```(?:python|yaml)\n(.*?)```", section, re.S):
+    for block in re.findall(r"```(?:python|yaml)\n(.*?)```", doc("your-code"), re.S):
         head = re.match(r"# ((?:src|conf)/\S+)", block)
         if head:
             found[head.group(1)] = block
@@ -56,12 +54,12 @@ def test_a_new_project_starts_with_the_readme_examples() -> None:
         rel = path.replace(PACKAGE, "{{ package_name }}")
         templated = text.replace(PACKAGE, "{{ package_name }}")
         file = SCAFFOLD / (rel + ".jinja" if templated != text else rel)
-        assert file.read_text() == templated, f"{file} is not the README's {path}"
+        assert file.read_text() == templated, f"{file} is not docs/your-code.md's {path}"
 
 
 @pytest.fixture(scope="module")
 def added(tmp_path_factory: pytest.TempPathFactory):
-    """conf/ with the README's configs added, and its modules importable as a project's package."""
+    """conf/ with the examples' configs added, and its modules importable as a project's package."""
     conf = tmp_path_factory.mktemp("added") / "conf"
     shutil.copytree(CONF, conf)
     src = tmp_path_factory.mktemp("src")

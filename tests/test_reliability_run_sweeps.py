@@ -1,4 +1,4 @@
-"""The README's sweeps as written (no paths.* override, from an empty folder, or with
+"""The sweeps of docs/sweeps.md as written (no paths.* override, from an empty folder, or with
 FASTTRAIN_ROOT), each job with its own log; every swept value checked before Hydra writes the
 sweep folder, and Hydra's flags no longer skip the command-line check."""
 

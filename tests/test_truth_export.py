@@ -1,7 +1,7 @@
-"""Exports deploy as the README says: every file takes raw inputs (the preprocessing is inside),
-loads with its runtime alone in a process where fasttrain cannot be imported, and reaches the
-eager accuracy there; the report and the files say what input they take; predict takes raw
-inputs too and names every class's probability."""
+"""Exports deploy as docs/export-and-predict.md says: every file takes raw inputs (the
+preprocessing is inside), loads with its runtime alone in a process where fasttrain cannot be
+imported, and reaches the eager accuracy there; the report and the files say what input they
+take; predict takes raw inputs too and names every class's probability."""
 
 from __future__ import annotations
 

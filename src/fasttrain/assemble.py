@@ -149,6 +149,12 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
     from fasttrain.checkpoints.load import load_task
     from fasttrain.data.base import LOADER_ARGS, SPLIT_RECORD, is_location, split_change
 
+    if "model" in cfg:  # +model=... or +model.net.x=...: composed, but never used here
+        raise UserError(
+            f"model: {cfg.get('task_name', 'this entry')} rebuilds the model the checkpoint "
+            f"holds (ckpt_path={cfg.ckpt_path}: its net, recipe and task), and takes no model "
+            "settings; drop the +model... overrides (another model: train it with train.py)"
+        )
     model, data_spec = load_task(cfg.ckpt_path)
     trained_on = data_spec.pop("_target_", None)
     if trained_on is not None:

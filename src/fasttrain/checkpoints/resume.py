@@ -73,6 +73,7 @@ def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
     if model is not None:
         named = f"resume=auto: {shown(ckpt_path)}" if resume == "auto" else which
         _same_model(ckpt["state_dict"], model.state_dict(), named)
+        _same_recipe(ckpt.get("hyper_parameters"), model, which)
         for line in settings_that_differ(ckpt.get("hyper_parameters"), dict(model.hparams)):
             log.warning(f"{which} {line}")
     epoch = ckpt.get("epoch")
@@ -164,6 +165,38 @@ def _same_model(state: dict[str, Any], own: dict[str, Any], which: str) -> None:
             f"{which} the checkpoint is of a different model ({first}); "
             "use the model config it was trained with, or resume=never"
         )
+
+
+def _same_recipe(saved: Any, model: Any, which: str) -> None:
+    """The net's settings that change what its weights compute and no parameter's shape (a
+    GPT's norm=rms or layer, its mlp, ...: the net names them in `fixed_by_weights`) are the
+    checkpoint's: another value would go on training other functions of the same weights. A
+    checkpoint without the setting was written before it existed: its value is the default."""
+    import inspect
+
+    net = getattr(model, "net", None)
+    names = getattr(net, "fixed_by_weights", ())
+    trained = saved.get("net") if isinstance(saved, dict) else None
+    if not names or not isinstance(trained, dict):
+        return
+    defaults = inspect.signature(type(net)).parameters
+    own = dict(model.hparams).get("net") or {}
+    for key in names:
+        default = defaults[key].default
+        old, new = _plain(trained.get(key, default)), _plain(own.get(key, default))
+        if old != new:
+            raise UserError(
+                f"{which} model.net.{key}={_override(new)} differs from the checkpoint's "
+                f"model.net.{key}={_override(old)}, which its weights were trained with; continue "
+                f"with model.net.{key}={_override(old)}, or start over: resume=never"
+            )
+
+
+def _override(value: Any) -> str:
+    """A value as typed in an override: null, true, false."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _read(path: str | Path, resume: str | None = None) -> dict[str, Any]:

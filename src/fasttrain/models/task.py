@@ -47,6 +47,11 @@ from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMet
 
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.settings import RUN_LENGTH_ARGS
+from fasttrain.models.muon import (
+    check_net_has_hidden_matrices,
+    mark_hidden_matrices,
+    takes_hidden_matrices,
+)
 from fasttrain.models.spec import qualname, spec_of
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -196,6 +201,7 @@ class Task(L.LightningModule):
         if channels_last:
             # 4-D weights only; others unchanged. torch's stubs lack Module.to(memory_format=).
             net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        check_net_has_hidden_matrices(optimizer, net)  # Muon: before anything is written
         if compile:
             net.compile()  # in place: state_dict keys stay those of the plain net
         self.net = net
@@ -393,7 +399,11 @@ class Task(L.LightningModule):
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:
             raise ConfigError("optimizer", None, "training needs an optimizer factory")
-        optimizer = self._clippable(self.optimizer_factory)(self.param_groups())
+        factory = self._clippable(self.optimizer_factory)
+        groups = self.param_groups()
+        if takes_hidden_matrices(factory):  # Muon's groups apart (fasttrain.models.muon)
+            groups = mark_hidden_matrices(groups, self.net)
+        optimizer = factory(groups)
         self._scale_lr(optimizer)
         if self.scheduler_factory is None:
             return optimizer
@@ -438,9 +448,13 @@ class Task(L.LightningModule):
         if batch_size is not None:
             world = self.trainer.world_size
             self.effective_batch_size = batch_size * self.trainer.accumulate_grad_batches * world
+        configured = optimizer.defaults.get("lr")
         for group in optimizer.param_groups:
             if self.lr is not None:  # found for this very batch size: no further scaling
-                group["lr"] = self.lr
+                # Groups of another lr than the configured one (Muon's AdamW groups) keep
+                # their ratio to it.
+                own = group["lr"] == configured or not configured
+                group["lr"] = self.lr if own else self.lr * group["lr"] / configured
             elif rule != "none" and self.effective_batch_size is not None:
                 base = self.hparams["base_batch_size"]
                 group["lr"] = scale_lr(group["lr"], self.effective_batch_size, base, rule)
@@ -481,7 +495,10 @@ class Task(L.LightningModule):
                     "the run's optimizer steps (e.g. trainer.max_steps)"
                 )
             return max(1, trainer.max_epochs)
+        loaded = trainer.train_dataloader is not None
         steps = trainer.estimated_stepping_batches
+        if not loaded and trainer.ckpt_path is not None:
+            _set_up_data_after_restore(trainer)
         if math.isinf(steps):
             raise UserError(
                 "model.scheduler_interval=step: the lr schedule needs the run's length, but "
@@ -520,6 +537,20 @@ class Task(L.LightningModule):
             f"{_shown(restored)} -> {_shown(self._planned_length)} {unit}s, continuing at "
             f"{unit} {position} with lr {optimizer.param_groups[0]['lr']:.3g}"
         )
+
+
+def _set_up_data_after_restore(trainer: Any) -> None:
+    """estimated_stepping_batches sets the training loader up before Lightning restores the
+    checkpoint's loops, and the fit loop sets its data up once: the loader's mid-epoch position
+    would never be applied, and a resumed run would replay its epoch from the first batch. Drop
+    that loader so the fit loop sets it up again after the restore. Private: Lightning has no
+    public way to estimate the steps without setting the data up; the bit-exact resume test of
+    a step-scheduled run (tests/test_gpt_modern.py) fails if this internal changes."""
+    fit_loop = trainer.fit_loop
+    if fit_loop._data_fetcher is not None:
+        fit_loop._data_fetcher.teardown()  # its loader's workers, if any, stop here
+        fit_loop._data_fetcher = None
+    fit_loop._combined_loader = None
 
 
 def _per_channel(values: float | Sequence[float] | None) -> torch.Tensor | None:

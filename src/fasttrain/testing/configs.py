@@ -16,7 +16,14 @@ from fasttrain.config.errors import UserError
 from fasttrain.config.schema import validate
 from fasttrain.models.spec import qualname
 from fasttrain.models.task import TASK_TARGET_KEY
-from fasttrain.testing.cases import CONF, DEFAULT_DATA, compose_train, data_for, task_files
+from fasttrain.testing.cases import (
+    CONF,
+    DEFAULT_DATA,
+    compose_train,
+    data_for,
+    options,
+    task_files,
+)
 from fasttrain.testing.fake_data import write_for
 
 # Configs that ask for a CUDA device: without one they must fail with a clear error instead.
@@ -71,7 +78,7 @@ def write_npy(folder: Path, n: int = 60) -> None:
     np.save(folder / "y.npy", np.arange(n) % 10)
 
 
-def compose_for(rel: str, tmp_path: Path, extra: list[str] = ()) -> DictConfig:
+def compose_for(rel: str, tmp_path: Path, extra: tuple[str, ...] | list[str] = ()) -> DictConfig:
     """Compose the config a user gets when selecting `rel` (a group option or a primary file)."""
     for module in NEEDS_PLUGIN.get(rel, "").split(","):
         if module:
@@ -112,6 +119,14 @@ def pairing(group: str, option: str, tmp_path: Path | None = None) -> list[str]:
     if group == "model":
         data = data_for(option)
         return [] if data in (None, DEFAULT_DATA) else [f"data={data}"]
+    if group == "model/optimizer" and not _builds_with([], option):
+        # an optimizer some nets cannot take (Muon: hidden Linear layers, which a CNN lacks):
+        # with the first model option that takes it
+        for model in options("model"):
+            chosen = [f"model={model}", *pairing("model", model)]
+            if _builds_with(chosen, option):
+                return chosen
+        return []
     if group == "model/net":  # a net with the first task (and its data) it resolves with
         for task in task_files():
             chosen = [f"model={task}", f"data={data_for(task)}", f"model/net={option}"]
@@ -123,8 +138,17 @@ def pairing(group: str, option: str, tmp_path: Path | None = None) -> list[str]:
         return []
     if group != "data" or _takes(None, option, tmp_path):
         return []
-    task = next((t for t in task_files() if _takes(t, option, tmp_path)), None)
-    return [f"model={task}"] if task else []
+    taker = next((t for t in task_files() if _takes(t, option, tmp_path)), None)
+    return [f"model={taker}"] if taker else []
+
+
+def _builds_with(chosen: list[str], optimizer: str) -> bool:
+    """Whether the model of `chosen` builds with the optimizer option `optimizer`."""
+    try:
+        build(compose_train([*chosen, f"model/optimizer={optimizer}"]).model, "model")
+    except UserError:
+        return False
+    return True
 
 
 def _takes(task: str | None, data: str, tmp_path: Path | None = None) -> bool:
@@ -166,7 +190,8 @@ def test_config_composes_and_instantiates(rel: str, tmp_path: Path) -> None:
     if rel.startswith("hydra/"):
         # Runs land under the log dir, one folder per run; sweeps one per job.
         assert str(cfg.hydra.run.dir).startswith(f"{tmp_path}/logs/train/")
-        assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"].startswith("${hydra.job.num}")
+        sweep = OmegaConf.to_container(cfg.hydra.sweep)  # unresolved: ${hydra.job.num} kept
+        assert isinstance(sweep, dict) and str(sweep["subdir"]).startswith("${hydra.job.num}")
         return
     validate(cfg)
     datamodule = build(cfg.data, "data")

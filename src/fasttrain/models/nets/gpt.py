@@ -7,6 +7,12 @@ through `F.scaled_dot_product_attention(is_causal=True)`, so a GPU runs its fuse
 memory-efficient kernels. Residual projections start at std 0.02 / sqrt(2 n_layer) (GPT-2's
 scaled init), every other matrix at 0.02.
 
+The modern recipe (conf/model/gpt_modern.yaml) is the same class with other arguments, each one
+switchable alone: rotary position embeddings (`pos=rope`), RMSNorm (`norm=rms`), RMS- or
+LayerNorm on each head's queries and keys (`qk_norm`), a ReLU^2 MLP (`mlp=relu2`), an output
+layer of its own (`tie_embeddings=false`) and a tanh cap on the logits (`softcap`). The defaults
+are GPT-2's: the same parameters, state_dict keys and operations as before these existed.
+
 `forward(idx)` is what training, evaluation and every exported file run. Generation runs
 `forward_cached`, which keeps each block's keys and values, so each new token costs one
 position instead of the whole context.
@@ -15,6 +21,7 @@ position instead of the whole context.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -26,40 +33,84 @@ from fasttrain.config.errors import ConfigError
 
 # One block's keys and values so far: ([B, n_head, t, head_dim], same); a list of them per block.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+# Rotary angles of the positions in a forward: (cos, sin), each [T, head_dim / 2].
+Rope = tuple[torch.Tensor, torch.Tensor]
+Position = Literal["learned", "rope"]
+Norm = Literal["layer", "rms"]
+Mlp = Literal["gelu", "relu2"]
+ROPE_BASE = 10000.0  # RoFormer's (and LLaMA's): the slowest pair turns once in ~60k positions
+
+
+def make_norm(kind: Norm, size: int, bias: bool) -> nn.Module:
+    """LayerNorm, or RMSNorm: no mean subtracted and no bias (LLaMA's; a little cheaper)."""
+    return nn.RMSNorm(size) if kind == "rms" else nn.LayerNorm(size, bias=bias)
+
+
+def rotary(positions: torch.Tensor, head_dim: int) -> Rope:
+    """cos and sin [T, head_dim / 2] of the angles pos / ROPE_BASE^(2i / head_dim). Computed in
+    float32 per forward, not kept in a buffer: a bf16 buffer (bf16-true) would turn position
+    1000 by several radians off, and nothing is added to the state_dict."""
+    pairs = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+    angles = positions.float()[:, None] * ROPE_BASE ** (-pairs / head_dim)[None, :]
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """x [B, n_head, T, head_dim] with each pair (x_i, x_{i + head_dim/2}) turned by its
+    position's angle i, so q . k depends on the two positions only through their distance."""
+    cos, sin = rope[0].to(x.dtype), rope[1].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool,
+                 qk_norm: Norm | None = None) -> None:  # fmt: skip
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.proj.residual = True  # type: ignore[assignment]  # read by GPT._init_weights
         self.resid_dropout = nn.Dropout(dropout)
+        # Normed queries and keys bound the attention logits (no softmax saturating early).
+        head_dim = n_embd // n_head
+        self.q_norm = make_norm(qk_norm, head_dim, bias) if qk_norm else None
+        self.k_norm = make_norm(qk_norm, head_dim, bias) if qk_norm else None
 
-    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _heads(
+        self, x: torch.Tensor, rope: Rope | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         shape = (b, t, self.n_head, c // self.n_head)
-        return (q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2),
-                v.view(shape).transpose(1, 2))  # fmt: skip
+        q, k, v = (q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2),
+                   v.view(shape).transpose(1, 2))  # fmt: skip
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)
+        return q, k, v
 
     def _merged(self, y: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = y.shape
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._heads(x)
+    def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+        q, k, v = self._heads(x, rope)
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         return self._merged(y)
 
     def forward_cached(
-        self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        x: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor] | None,
+        rope: Rope | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x: the new positions [B, t, C] after the cached ones. A prompt (no cache) attends
+        """x: the new positions [B, t, C] after the cached ones (`rope`: their angles, so the
+        cached keys keep the turn of their own positions). A prompt (no cache) attends
         causally; one new token attends to every cached position (no mask needed)."""
-        q, k, v = self._heads(x)
+        q, k, v = self._heads(x, rope)
         if cache is not None:
             k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
         causal = cache is None and q.size(2) > 1
@@ -70,36 +121,44 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLPBlock(nn.Module):
-    def __init__(self, n_embd: int, dropout: float, bias: bool) -> None:
+    def __init__(self, n_embd: int, dropout: float, bias: bool, kind: Mlp = "gelu") -> None:
         super().__init__()
         self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
         self.proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
         self.proj.residual = True  # type: ignore[assignment]
         self.dropout = nn.Dropout(dropout)
+        self.kind = kind
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        h = self.fc(x)
+        # ReLU^2 (So et al., Primer): as good as GELU or better for LMs, and cheaper
+        h = F.gelu(h) if self.kind == "gelu" else F.relu(h).square()
+        return self.dropout(self.proj(h))
 
 
 class Block(nn.Module):
     """Pre-norm: x + attn(ln(x)), then x + mlp(ln(x)). The unit FSDP wraps and activation
     checkpointing recomputes."""
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool, norm: Norm = "layer",
+                 qk_norm: bool = False, mlp: Mlp = "gelu") -> None:  # fmt: skip
         super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
-        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias)
-        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
-        self.mlp = MLPBlock(n_embd, dropout, bias)
+        self.ln_1 = make_norm(norm, n_embd, bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias, norm if qk_norm else None)
+        self.ln_2 = make_norm(norm, n_embd, bias)
+        self.mlp = MLPBlock(n_embd, dropout, bias, mlp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope)
         return x + self.mlp(self.ln_2(x))
 
     def forward_cached(
-        self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        x: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor] | None,
+        rope: Rope | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        attended, cache = self.attn.forward_cached(self.ln_1(x), cache)
+        attended, cache = self.attn.forward_cached(self.ln_1(x), cache, rope)
         x = x + attended
         return x + self.mlp(self.ln_2(x)), cache
 
@@ -116,10 +175,22 @@ class GPT(HyperparametersMixin, nn.Module):
         bias: biases in Linear and LayerNorm layers (GPT-2 has them; without: a bit faster).
         activation_checkpointing: recompute each block's activations in the backward pass
             instead of keeping them: less memory for about a third more compute.
+        pos: "learned" (a position embedding, GPT-2) or "rope" (rotary: queries and keys
+            turned by their position, Su et al.; needs an even head size n_embd / n_head).
+        norm: "layer" (LayerNorm, GPT-2) or "rms" (RMSNorm).
+        qk_norm: norm each head's queries and keys (of the `norm` kind) before attending.
+        mlp: "gelu" (GPT-2) or "relu2" (ReLU squared).
+        tie_embeddings: the output layer shares the token embedding's matrix (GPT-2); false:
+            a matrix of its own (more parameters, the modern recipe's choice).
+        softcap: logits -> softcap x tanh(logits / softcap) (Gemma 2), within +-softcap;
+            None: none.
     """
 
     # trainer=fsdp shards each block as its own unit (fasttrain.assemble.fsdp_wrapping)
     wrap_units: tuple[type[nn.Module], ...] = (Block,)
+    # What the weights compute with and no shape shows: a resumed run keeps the checkpoint's
+    # (fasttrain.checkpoints.resume).
+    fixed_by_weights = ("pos", "norm", "qk_norm", "mlp", "tie_embeddings", "softcap")
 
     def __init__(
         self,
@@ -131,19 +202,30 @@ class GPT(HyperparametersMixin, nn.Module):
         dropout: float = 0.0,
         bias: bool = False,
         activation_checkpointing: bool = False,
+        pos: Position = "learned",
+        norm: Norm = "layer",
+        qk_norm: bool = False,
+        mlp: Mlp = "gelu",
+        tie_embeddings: bool = True,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         _check_sizes(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
+        _check_recipe(pos, norm, mlp, softcap, n_embd // n_head)
         self.save_hyperparameters()
         self.block_size, self.n_layer = block_size, n_layer
+        self.head_dim, self.softcap = n_embd // n_head, softcap
         self.activation_checkpointing = activation_checkpointing
         self.wte = nn.Embedding(vocab_size, n_embd)
-        self.wpe = nn.Embedding(block_size, n_embd)
+        # rope: positions turn queries and keys inside attention; nothing is added here
+        self.wpe = nn.Embedding(block_size, n_embd) if pos == "learned" else None
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias, norm, qk_norm, mlp)
+                                    for _ in range(n_layer))  # fmt: skip
+        self.ln_f = make_norm(norm, n_embd, bias)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying (one matrix, counted once)
+        if tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # weight tying (one matrix, counted once)
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -155,19 +237,29 @@ class GPT(HyperparametersMixin, nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def _embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def _embed(self, idx: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, Rope | None]:
+        """Embedded tokens [B, T, C] at positions start.., and their rotary angles (rope)."""
         positions = torch.arange(start, start + idx.size(1), device=idx.device)
-        return self.drop(self.wte(idx) + self.wpe(positions))
+        if self.wpe is not None:
+            return self.drop(self.wte(idx) + self.wpe(positions)), None
+        return self.drop(self.wte(idx)), rotary(positions, self.head_dim)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self.ln_f(x))
+        if self.softcap is None:
+            return logits
+        # smooth, within +-softcap: no logit runs away early in training
+        return self.softcap * torch.tanh(logits / self.softcap)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self._embed(idx)
+        x, rope = self._embed(idx)
         # Under FSDP the strategy checkpoints each wrapped block itself (wrap_units).
         for block in self.blocks:
             if self.activation_checkpointing and self.training and not _fsdp_checkpointed(block):
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, rope, use_reentrant=False)
             else:
-                x = block(x)
-        return self.lm_head(self.ln_f(x))
+                x = block(x, rope)
+        return self._logits(x)
 
     def forward_cached(
         self, idx: torch.Tensor, cache: KVCache | None
@@ -175,18 +267,26 @@ class GPT(HyperparametersMixin, nn.Module):
         """Logits of the last position [B, vocab_size] for the new tokens `idx` [B, t] after
         the positions in `cache` (None: `idx` is the prompt), and the cache with them added."""
         start = 0 if cache is None else cache[0][0].size(2)
-        x = self._embed(idx, start)
+        x, rope = self._embed(idx, start)
         grown: KVCache = []
         for i, block in enumerate(self.blocks):
-            x, kv = block.forward_cached(x, None if cache is None else cache[i])  # type: ignore[operator]
+            past = None if cache is None else cache[i]
+            x, kv = block.forward_cached(x, past, rope)  # type: ignore[operator]
             grown.append(kv)
-        return self.lm_head(self.ln_f(x[:, -1])), grown
+        return self._logits(x[:, -1]), grown
 
     def num_params(self, embeddings: bool = False) -> int:
-        """Parameters, the tied output matrix once; without the position embedding unless
-        `embeddings` (the 6N of FLOPs per token counts the matrices a token goes through)."""
+        """Parameters, the tied output matrix once; without the tables a token only looks up
+        (the position embedding, and the token embedding when the output layer has a matrix of
+        its own) unless `embeddings` (the 6N of FLOPs per token counts the matrices a token
+        goes through)."""
         total = sum(p.numel() for p in self.parameters())
-        return total if embeddings else total - self.wpe.weight.numel()
+        if embeddings:
+            return total
+        looked_up = [] if self.wpe is None else [self.wpe.weight]
+        if self.lm_head.weight is not self.wte.weight:
+            looked_up.append(self.wte.weight)
+        return total - sum(p.numel() for p in looked_up)
 
     def flops_per_token(self, context: int | None = None) -> int:
         """Training FLOPs per token (forward and backward) at `context` tokens (block_size):
@@ -215,3 +315,19 @@ def _check_sizes(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_
         raise ConfigError("n_embd", n_embd, f"expected a multiple of n_head={n_head}")
     if not 0.0 <= dropout < 1.0:
         raise ConfigError("dropout", dropout, "expected a probability in [0, 1)")
+
+
+def _check_recipe(pos: str, norm: str, mlp: str, softcap: float | None, head_dim: int) -> None:
+    for name, value, kind in (("pos", pos, Position), ("norm", norm, Norm), ("mlp", mlp, Mlp)):
+        if value not in get_args(kind):
+            raise ConfigError(
+                name, value, f"expected one of {', '.join(map(repr, get_args(kind)))}"
+            )
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+        raise ConfigError("softcap", softcap, "expected a number > 0, or null for no cap")
+    if pos == "rope" and head_dim % 2:
+        raise ConfigError(
+            "pos", pos, f"rotary embeddings turn pairs of a head's dimensions, but the head size "
+            f"n_embd / n_head = {head_dim} is odd; an even one (another n_head or n_embd), or "
+            "model.net.pos=learned"
+        )  # fmt: skip

@@ -1,0 +1,173 @@
+"""Muon for the hidden weight matrices, AdamW for every other parameter, as one torch optimizer.
+
+Muon (Jordan et al. 2024; torch.optim.Muon) replaces each matrix's momentum by its nearest
+orthogonal matrix (a few Newton-Schulz steps) before the update: every direction of the matrix
+moves at the same rate. It is made for the 2-D weights of hidden layers; the input embedding, the
+output layer, gains and biases are left to AdamW, as its authors prescribe.
+
+One optimizer object holds both, each on its own parameter groups with its own lr, so whatever
+takes one optimizer takes this one unchanged: Lightning's automatic optimization and gradient
+clipping, GradScaler, lr scaling (every group by the same factor), every scheduler (each group's
+lr, initial_lr included), the checkpoint's optimizer state and its resume.
+
+Which matrices are hidden is the net's structure, not something the optimizer can tell from
+tensors: the task marks them (`mark_hidden_matrices`, from fasttrain.models.task) before it
+builds the optimizer. Hidden: the 2-D weights of every nn.Linear but the net's last one (its
+output layer), shared with no embedding. A GPT's are the attention and MLP matrices of its
+blocks; a conv net's filters (4-D) are not, so a net of conv layers and one output layer has none
+and model/optimizer=muon is refused for it when the task is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from fasttrain.config.errors import UserError
+
+MUON_KEY = "muon"  # a param group's key: True for the groups Muon updates
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon on the groups marked `muon: True`, torch.optim.AdamW on the others.
+
+    Args:
+        params: parameters or param groups; the task marks the hidden matrices' groups.
+        lr: Muon's learning rate (model.optimizer.lr: what lr_scaling and the LR finder set).
+        momentum, nesterov, ns_steps, adjust_lr_fn: Muon's (see torch.optim.Muon).
+        adamw_lr: AdamW's learning rate, for embeddings, the output layer, gains and biases.
+        betas, eps, fused: AdamW's.
+        weight_decay: decoupled, for both (lr x weight_decay a step); a group's own value
+            (a language model's: matrices only) wins.
+    """
+
+    # Read by fasttrain.models.task: mark the hidden matrices' groups before building this.
+    takes_hidden_matrices: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+        adamw_lr: float = 0.003,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        fused: bool | None = None,
+    ) -> None:
+        _check_args(momentum, adamw_lr, ns_steps, adjust_lr_fn)
+        groups = _as_groups(params)
+        hidden = [g for g in groups if g.get(MUON_KEY)]
+        rest = [{**g, MUON_KEY: False} for g in groups if not g.get(MUON_KEY)]
+        # The inner optimizers take these very dicts: a scheduler's lr on one of this
+        # optimizer's groups is the inner optimizer's lr.
+        self.muon = None
+        if hidden:
+            self.muon = torch.optim.Muon(hidden, lr=lr, weight_decay=weight_decay,
+                                         momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
+                                         adjust_lr_fn=adjust_lr_fn)  # fmt: skip
+        self.adamw = None
+        if rest:
+            adam_betas = (float(betas[0]), float(betas[1]))  # a ListConfig from the yaml
+            self.adamw = torch.optim.AdamW(rest, lr=adamw_lr, betas=adam_betas, eps=eps,
+                                           weight_decay=weight_decay, fused=fused)  # fmt: skip
+        inner = [o for o in (self.muon, self.adamw) if o is not None]
+        super().__init__([g for o in inner for g in o.param_groups],
+                         {"lr": lr, "weight_decay": weight_decay})  # fmt: skip
+        self._share_state()
+
+    def _share_state(self) -> None:
+        """The inner optimizers on this one's groups and per-parameter state (the dicts that
+        load_state_dict replaces): a checkpoint, a move to the device, a scheduler see it all."""
+        if self.muon is not None:
+            self.muon.param_groups = [g for g in self.param_groups if g[MUON_KEY]]
+            self.muon.state = self.state
+        if self.adamw is not None:
+            self.adamw.param_groups = [g for g in self.param_groups if not g[MUON_KEY]]
+            self.adamw.state = self.state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._share_state()
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for inner in (self.muon, self.adamw):
+            if inner is not None:
+                inner.step()
+        return loss
+
+
+def _check_args(momentum: float, adamw_lr: float, ns_steps: int, adjust_lr_fn: str | None) -> None:
+    """What torch.optim.Muon checks only once it has matrices (the config check builds this
+    optimizer on one 1-D parameter: AdamW checks the rest), and AdamW's lr > 0. Unnamed, as
+    torch's own: the config check names the override whose value the message shows."""
+    if not momentum >= 0:
+        raise ValueError(f"expected a momentum >= 0, not {momentum!r}")
+    if not adamw_lr > 0:
+        raise ValueError(f"expected a learning rate > 0, not {adamw_lr!r}")
+    if not 1 <= ns_steps < 100:
+        raise ValueError(f"expected an int in [1, 100), not {ns_steps!r}")
+    valid = ("original", "match_rms_adamw", "spectral_unclamped")
+    if adjust_lr_fn is not None and adjust_lr_fn not in valid:
+        raise ValueError(f"expected null or one of {', '.join(valid)}, not {adjust_lr_fn!r}")
+
+
+def _as_groups(params: Iterable[Any]) -> list[dict[str, Any]]:
+    items = list(params)
+    if items and not isinstance(items[0], dict):
+        return [{"params": items}]
+    return [dict(g) for g in items]
+
+
+def takes_hidden_matrices(factory: Any) -> bool:
+    """Whether an optimizer factory (a partial) builds an optimizer that wants the hidden
+    matrices' param groups marked."""
+    return bool(getattr(getattr(factory, "func", factory), "takes_hidden_matrices", False))
+
+
+def hidden_matrices(net: nn.Module) -> list[nn.Parameter]:
+    """The 2-D weights of the net's nn.Linear layers but its last one (the output layer), none
+    shared with an embedding (a tied output layer)."""
+    linears = [m for m in net.modules() if isinstance(m, nn.Linear)][:-1]
+    embedded = {id(m.weight) for m in net.modules() if isinstance(m, nn.Embedding)}
+    return [m.weight for m in linears  # type: ignore[misc]  # Linear.weight is a Parameter
+            if m.weight.dim() == 2 and m.weight.requires_grad
+            and id(m.weight) not in embedded]  # fmt: skip
+
+
+def mark_hidden_matrices(groups: Iterable[Any], net: nn.Module) -> list[dict[str, Any]]:
+    """Param groups (or parameters) -> the same groups with the hidden matrices split off into
+    groups of their own, marked `muon: True` (their other options kept: weight decay)."""
+    hidden = {id(p) for p in hidden_matrices(net)}
+    marked = []
+    for group in _as_groups(groups):
+        params = list(group["params"])
+        for muon in (True, False):
+            part = [p for p in params if (id(p) in hidden) == muon]
+            if part:
+                marked.append({**group, "params": part, MUON_KEY: muon})
+    return marked
+
+
+def check_net_has_hidden_matrices(factory: Any, net: nn.Module) -> None:
+    """Refuse, when the task is built (before a run writes anything), Muon on a net without
+    hidden matrices: it would train nothing with Muon, all with AdamW."""
+    if not takes_hidden_matrices(factory) or hidden_matrices(net):
+        return
+    raise UserError(
+        f"model.optimizer: Muon (model/optimizer=muon) updates the 2-D weights of hidden Linear "
+        f"layers, and {type(net).__name__} has none (conv filters, an output layer); "
+        "model/optimizer=adamw or sgd, or a net with hidden Linear layers (model/net=mlp, "
+        "model=gpt_modern)"
+    )

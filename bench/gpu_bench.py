@@ -10,6 +10,8 @@ Sections (each appended to gpu_results.json as it finishes, so a timeout keeps w
                16-mixed, bf16-mixed, each without/with channels_last, and compiled variants
   transformer  model=gpt model/net=gpt2_small (the template's own task) in bf16-mixed + compile:
                tokens/s and MFU against nanoGPT's hand-written loop on the same net and batches
+  lm_recipes   model=gpt and model=gpt_modern (Muon) at gpt2_small's sizes, bf16-mixed + compile:
+               tokens/s, MFU, and the modern recipe's cost per step against the default's
   data_wait    perf/data_wait_share of short `python train.py` runs on digits and synthetic
                data with the default loader, pin_memory/device_prefetch off and on
   recipe       experiment=cifar10_resnet18 on synthetic CIFAR-shaped data (data=synthetic):
@@ -183,15 +185,21 @@ def bench_conv(out: Path, smoke: bool, device: str) -> dict[str, Any]:
 
 
 # ---- transformer: MFU, the template's language model against a hand-written loop ----------------
-def lm_model(out: Path, smoke: bool, compile_net: bool):
-    """`model=gpt model/net=gpt2_small` as composed from conf/ (the smoke run: the tiny preset),
-    its vocabulary a BPE's (GPT-2's size class; no data module needed to build it)."""
+# gpt2_small's sizes (conf/model/net/gpt2_small.yaml) on the modern recipe's net
+GPT2_SMALL_MODERN = ["model.net.n_layer=12", "model.net.n_head=12", "model.net.n_embd=768"]
+
+
+def lm_model(out: Path, smoke: bool, compile_net: bool, recipe: str = "gpt"):
+    """`model=gpt model/net=gpt2_small` (or `model=gpt_modern` at gpt2_small's sizes) as composed
+    from conf/ (the smoke run: the tiny preset), its vocabulary a BPE's (GPT-2's size class; no
+    data module needed to build it)."""
     from fasttrain.assemble import build_model
 
     small = ["data.block_size=32", "data.vocab_size=512"]
-    large = ["model/net=gpt2_small", "data.block_size=1024", "data.vocab_size=32768"]
+    sizes = ["model/net=gpt2_small"] if recipe == "gpt" else GPT2_SMALL_MODERN
+    large = [*sizes, "data.block_size=1024", "data.vocab_size=32768"]
     net = small if smoke else large
-    cfg = compose(["model=gpt", "data=text", "data.tokenizer=bpe", *net,
+    cfg = compose([f"model={recipe}", "data=text", "data.tokenizer=bpe", *net,
                    f"model.compile={str(compile_net).lower()}"], out)  # fmt: skip
     return build_model(cfg.model), cfg
 
@@ -284,6 +292,50 @@ def bench_transformer(out: Path, smoke: bool, device: str) -> dict[str, Any]:
         "mfu": mfu,
         "hand_written_mfu": hand_mfu,
     }
+
+
+# ---- the language-model recipes: model=gpt against model=gpt_modern (Muon), gpt2_small ---------
+def bench_lm_recipes(out: Path, smoke: bool, device: str) -> dict[str, Any]:
+    """Both recipes at gpt2_small's sizes in bf16-mixed + compile through Lightning's loop (the
+    task's own configure_optimizers: Muon and AdamW for gpt_modern): tokens/s, MFU, and the
+    modern recipe's cost per step against the default's (rotary, QK-norm, Newton-Schulz)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from fasttrain.callbacks.perf import dense_peak_tflops
+
+    warmup, measured, batch = (1, 2, 4) if smoke else (15, 40, 16)
+    peak = dense_peak_tflops(torch.cuda.get_device_name() if device == "cuda" else "cpu", "bf16")
+    accelerator = "gpu" if device == "cuda" else "cpu"
+    trainer_cfg = OmegaConf.create(
+        {"_target_": "fasttrain.assemble.Trainer", "devices": 1, "accelerator": accelerator}
+    )
+    rows = []
+    for recipe in ("gpt", "gpt_modern"):
+        torch.manual_seed(0)
+        model, cfg = lm_model(out, smoke, compile_net=not smoke, recipe=recipe)
+        vocab, seq = int(cfg.data.vocab_size), int(cfg.data.block_size)
+        gen = torch.Generator().manual_seed(0)
+        tokens = [torch.randint(0, vocab, (batch, seq + 1), generator=gen) for _ in range(4)]
+        batches = [(t[:, :-1].to(device), t[:, 1:].to(device)) for t in tokens]
+        flops_per_token = model.net.flops_per_token(seq)
+        seconds = fit_window(model, batches, warmup, measured, trainer_cfg, "bf16-mixed")
+        tokens_per_s = batch * seq * measured / seconds
+        rows.append({
+            "recipe": recipe, "params": model.net.num_params(embeddings=True),
+            "tokens_per_s": tokens_per_s, "flops_per_token": flops_per_token,
+            "mfu": tokens_per_s * flops_per_token / (peak * 1e12) if peak else None,
+        })  # fmt: skip
+        print(f"lm_recipes {recipe}: {tokens_per_s:,.0f} tokens/s", flush=True)
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    by = {r["recipe"]: r for r in rows}
+    return {
+        "shape": {"vocab_size": vocab, "block_size": seq, "batch": batch},
+        "precision": "bf16-mixed", "compile": not smoke, "rows": rows,
+        "step_cost_modern_vs_gpt": by["gpt"]["tokens_per_s"] / by["gpt_modern"]["tokens_per_s"],
+    }  # fmt: skip
 
 
 # ---- data-wait share -----------------------------------------------------------------------------
@@ -422,6 +474,16 @@ def markdown(results: dict[str, Any]) -> str:
             f"{t['hand_written_tokens_per_s']:,.0f} (target >= 0.95), MFU {mfu} (target >= 45%)",
             "",
         ]
+    if "lm_recipes" in results:
+        lm = results["lm_recipes"]
+        lines += [f"gpt2_small sizes {lm['shape']}, bf16-mixed + compile, Lightning's loop:", "",
+                  "| recipe | params | tokens/s | MFU |", "|---|---|---|---|"]  # fmt: skip
+        for r in lm["rows"]:
+            mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+            lines.append(f"| model={r['recipe']} | {r['params'] / 1e6:.0f} M | "
+                         f"{r['tokens_per_s']:,.0f} | {mfu} |")  # fmt: skip
+        lines += ["", f"gpt_modern's step cost: **{lm['step_cost_modern_vs_gpt']:.2f}x** "
+                  "model=gpt's (target <= 1.15x)", ""]  # fmt: skip
     if "recipe" in results:
         r = results["recipe"]
         lines += [
@@ -473,7 +535,8 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; runs on CPU")
-    parser.add_argument("--only", nargs="*", default=["conv", "transformer", "data_wait", "recipe"])
+    every_section = ["conv", "transformer", "lm_recipes", "data_wait", "recipe"]
+    parser.add_argument("--only", nargs="*", default=every_section)
     args = parser.parse_args()
     import torch
 
@@ -487,6 +550,7 @@ def main() -> None:
     sections = {
         "conv": bench_conv,
         "transformer": bench_transformer,
+        "lm_recipes": bench_lm_recipes,
         "data_wait": bench_data_wait,
         "recipe": bench_recipe,
     }

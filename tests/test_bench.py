@@ -47,9 +47,30 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path) -> None:
     assert results["transformer"]["tokens_per_s"] > 0
     assert len(results["data_wait"]["rows"]) == 4
     assert all(0 <= r["data_wait_share"] <= 1 for r in results["data_wait"]["rows"])
+    assert [r["recipe"] for r in results["lm_recipes"]["rows"]] == ["gpt", "gpt_modern"]
+    assert all(r["tokens_per_s"] > 0 for r in results["lm_recipes"]["rows"])
     assert [r["variant"] for r in results["recipe"]["rows"]] == ["eager fp32", "recipe"]
     assert all(r["images_per_s"] > 0 for r in results["recipe"]["rows"])
     assert "| variant | images/s |" in (tmp_path / "gpu_results.md").read_text()
+
+
+@pytest.mark.slow  # the standard library's sources read and compressed: ~15 s
+def test_lm_recipes_benchmark_smoke(tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/lm_recipes.py", "--steps", "4", "--every", "2", "--block", "32",
+         "--batch", "4", "--eval-windows", "8", "--recipes", "gpt_modern", "no_muon",
+         "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "lm_recipes.json").read_text())
+    assert list(result["recipes"]) == ["gpt", "gpt_modern", "no_muon"]  # the baseline first
+    for row in result["recipes"].values():
+        assert [p["step"] for p in row["curve"]] == [0, 2, 4]
+        assert row["cpu_s_per_step"] > 0 and row["tokens_per_s"] > 0
+    assert result["recipes"]["gpt"]["step_cost_vs_gpt"] == 1.0
+    assert (tmp_path / "lm_recipes.png").stat().st_size > 0
+    assert "| gpt_modern |" in proc.stdout
 
 
 @pytest.mark.slow  # two runs to their first step (tens of seconds): CI runs it in make test-slow

@@ -226,12 +226,12 @@ def overrides_for(root: Path, corpus: Path, *extra: str) -> list[str]:
     return [*RUN, f"data.path={corpus}", f"data.cache_dir={root}/cache", *extra]
 
 
-def train_in_process(root: Path, corpus: Path, name: str) -> Path:
+def train_in_process(root: Path, corpus: Path, name: str, *extra: str) -> Path:
     from fasttrain.tasks import train
 
     run = root / "logs" / "train" / name
     overrides = overrides_for(root, corpus, f"paths.root_dir={root}", f"paths.log_dir={root}/logs",
-                              f"paths.output_dir={run}", f"run_name={name}")  # fmt: skip
+                              f"paths.output_dir={run}", f"run_name={name}", *extra)  # fmt: skip
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         train(compose("train", overrides=overrides))
     return run
@@ -252,6 +252,41 @@ def test_the_modern_recipe_trains_and_its_loss_falls(trained: tuple[Path, Path])
     groups = ckpt["optimizer_states"][0]["param_groups"]
     assert [g["muon"] for g in groups] == [True, False, False]
     assert ckpt["hyper_parameters"]["net"]["pos"] == "rope"
+
+
+def test_bf16_mixed_with_ema_trains_the_modern_recipe(corpus: Path, tmp_path: Path) -> None:
+    run = train_in_process(tmp_path, corpus, "bf16", "trainer.precision=bf16-mixed",
+                           "callbacks/averaging=ema", "trainer.deterministic=false")  # fmt: skip
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert any("ema" in key.lower() for key in ckpt["callbacks"]), list(ckpt["callbacks"])
+    # Validated with the averaged weights (0.999 over 20 steps: near the start, finite)
+    loss = json.loads((run / "metrics.json").read_text())["metrics"]["val/loss"]
+    assert torch.isfinite(torch.tensor(loss))
+    assert [g["muon"] for g in ckpt["optimizer_states"][0]["param_groups"]] == [True, False, False]
+
+
+@pytest.mark.slow  # torch.compile on a CPU: ~1 min of compiling
+def test_the_compiled_modern_recipe_trains(corpus: Path, tmp_path: Path) -> None:
+    run = train_in_process(tmp_path, corpus, "compiled", "model.compile=true")
+    assert json.loads((run / "metrics.json").read_text())["metrics"]["val/loss"] < 3.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_modern_recipe_trains_on_cuda_in_bf16_compiled(corpus: Path, tmp_path: Path) -> None:
+    run = train_in_process(tmp_path, corpus, "cuda", "trainer=gpu", "trainer.precision=bf16-mixed",
+                           "model.compile=true", "data.on_device=true",
+                           "trainer.deterministic=false")  # fmt: skip
+    assert json.loads((run / "metrics.json").read_text())["metrics"]["val/loss"] < 3.0
+
+
+def test_fsdp_shards_each_modern_block() -> None:
+    from fasttrain.assemble import fsdp_wrapping
+
+    net = GPT(**TINY, **MODERN, activation_checkpointing=True)
+    strategy = fsdp_wrapping("fsdp", LanguageModel(net, None, vocab_size=50))["strategy"]
+    wrapped = strategy.kwargs["auto_wrap_policy"]._run_policy(net, set(), {})
+    assert list(wrapped) == list(net.blocks)  # every block its own unit, nothing else
 
 
 def test_a_killed_run_resumes_bit_exact(trained: tuple[Path, Path], corpus: Path,

@@ -57,7 +57,8 @@ $PY -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt"
 tests_rc=${PIPESTATUS[0]}
 
 echo "== benchmarks =="
-# conv (AMP, channels_last, compile on ResNet-18), transformer (MFU), data_wait, and recipe:
+# conv (AMP, channels_last, compile on ResNet-18), transformer (MFU), lm_recipes (gpt2_small in
+# model=gpt and model=gpt_modern with Muon, bf16 + compile: tokens/s, MFU), data_wait, and recipe:
 # experiment=cifar10_resnet18 on synthetic CIFAR-shaped data, eager fp32 vs the recipe (~1 min,
 # most of it the compile, which starts from the gpu-marked recipe test's cached graphs)
 $PY bench/gpu_bench.py --out "$OUT"

@@ -1,23 +1,27 @@
 """A plain LightningModule, written as lightning-hydra-template's MNISTLitModule is (its own
 `__init__` that saves its hyperparameters, optimizer partial included; its own steps and
-`configure_optimizers`): it trains, tests its best checkpoint and resumes. Its checkpoints hold
-the optimizer's spec, never the pickled partial, so they load with weights_only=True; evaluate
-and export, which rebuild only a Task, are not printed for it."""
+`configure_optimizers`): it trains, tests its best checkpoint, resumes and evaluates (its
+checkpoints record the config that built it, and hold the optimizer's spec, never the pickled
+partial, so they load with weights_only=True). Export and predict refuse it in one line naming
+the methods it lacks (fasttrain.models.protocols), and work once it writes them."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 from practices import compose_train
 from torchmetrics.classification import MulticlassAccuracy
 
+from conftest import CONF
 from fasttrain.checkpoints.io import loadable_hparams
 from fasttrain.models.nets import MLP
 
@@ -69,22 +73,84 @@ def plain_run(tmp_path: Any, epochs: int) -> Any:
     return cfg
 
 
-def test_a_plain_lightning_module_trains_tests_its_best_checkpoint_and_resumes(
-    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+class LitDigitsExportable(LitDigits):
+    """The same module with export's and predict's methods (fasttrain.Exportable, Predictable)."""
+
+    def score(self) -> tuple[str, Any]:
+        return "accuracy", MulticlassAccuracy(10, average="micro")
+
+    def agreement(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+        return outputs.argmax(-1) == reference.argmax(-1)
+
+    def prediction_header(self, datamodule: Any) -> list[str]:
+        return ["pred"]
+
+    def prediction_rows(self, outputs: torch.Tensor, datamodule: Any) -> list[list[Any]]:
+        return [[int(k)] for k in outputs.argmax(-1)]
+
+
+@pytest.fixture
+def allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints may name these modules, as a project's conf/ would (model/*.yaml)."""
+    from fasttrain.checkpoints import allow
+
+    named = {**allow.conf_targets(), **{f"{__name__}.{c.__name__}": ("model/lit.yaml",)
+                                        for c in (LitDigits, LitDigitsExportable)}}  # fmt: skip
+    monkeypatch.setattr(allow, "conf_targets", lambda config_dir="": named)
+
+
+def from_checkpoint(tmp_path: Any, entry: str, ckpt: Any, *more: str) -> Any:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        overrides = [f"ckpt_path={ckpt}", "data.num_workers=0", f"paths.root_dir={tmp_path}",
+                     f"paths.output_dir={tmp_path}/{entry}", *more]  # fmt: skip
+        return compose(entry, overrides=overrides)
+
+
+def test_a_plain_lightning_module_trains_tests_its_best_checkpoint_resumes_and_evaluates(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], allowed: None
 ) -> None:
-    from fasttrain.tasks import train
+    from fasttrain.config.errors import UserError
+    from fasttrain.tasks import evaluate, export, predict, train
 
     # the test of the best checkpoint read it with weights_only=True: a traceback after training
     metrics = train(plain_run(tmp_path, 2))
     assert 0.0 <= metrics["test/acc"] <= 1.0
     printed = capsys.readouterr().out
-    assert "checkpoint" in printed and "evaluate" not in printed and "export" not in printed
+    # evaluate rebuilds it from the config its run recorded; export needs methods it lacks
+    assert "checkpoint" in printed and "evaluate" in printed and "fasttrain.export" not in printed
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=True)
     assert saved["hyper_parameters"]["optimizer"]["_target_"] == "torch.optim.adamw.AdamW"
     assert saved["global_step"] == 10
+    evaluated = evaluate(from_checkpoint(tmp_path, "eval", last))
+    assert evaluated["test/acc"] == pytest.approx(metrics["test/acc"], abs=0.5)
+    for entry, run, lacking in (("export", export, "score(), agreement()"),
+                                ("predict", predict, "score(), prediction_header(), "
+                                 "prediction_rows()")):  # fmt: skip
+        with pytest.raises(UserError, match=rf"{entry} needs {re.escape(lacking)} of its module "
+                                            "LitDigits, which does not define them"):  # fmt: skip
+            run(from_checkpoint(tmp_path, entry, last))
+        assert not (tmp_path / entry).exists() and not (tmp_path / "run" / "export").exists()
     train(plain_run(tmp_path, 3))  # resume=auto: from last.ckpt, one more epoch
     assert torch.load(last, weights_only=True)["global_step"] == 15
+
+
+def test_a_plain_module_with_the_protocols_exports_and_predicts(
+    tmp_path: Any, allowed: None
+) -> None:
+    from fasttrain.tasks import export, predict, train
+
+    cfg = plain_run(tmp_path, 1)
+    cfg.model._target_ = f"{__name__}.LitDigitsExportable"
+    train(cfg)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    report = export(from_checkpoint(tmp_path, "export", last, "format=torchscript",
+                                    "latency_time=0.01"))  # fmt: skip
+    assert report["formats"]["torchscript"]["passed"], report["formats"]
+    assert report["score"] == "accuracy"
+    out = predict(from_checkpoint(tmp_path, "predict", last, f"output_dir={tmp_path}"))
+    lines = out.read_text().splitlines()
+    assert lines[0] == "index,pred,label" and len(lines) > 10
 
 
 def test_objects_in_hyperparameters_become_specs_or_are_left_out_said_once(caplog) -> None:
@@ -103,3 +169,25 @@ def test_objects_in_hyperparameters_become_specs_or_are_left_out_said_once(caplo
     assert checkpoint["hyper_parameters"]["optimizer"] is optimizer  # the run's own untouched
     plain = {"state_dict": {}, "hyper_parameters": {"lr_scaling": "none", "input_mean": [0.5]}}
     assert loadable_hparams(plain) == plain  # a Task's plain values pass through as they are
+
+
+@pytest.mark.parametrize("spec, said", [
+    ({"_target_": "os.system", "command": "touch pwned"}, "refused, its task names os.system"),
+    ({"_target_": f"{__name__}.LitDigits", "optimizer": {"_target_": "builtins.exec"}},
+     "refused, its optimizer names builtins.exec"),
+    ("not a node", "refused, its model spec is not a config node"),
+])  # fmt: skip
+def test_a_crafted_model_spec_is_refused_before_anything_is_built(
+    tmp_path: Any, allowed: None, spec: Any, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fasttrain.checkpoints.io import MODEL_SPEC_KEY
+    from fasttrain.checkpoints.load import load_task
+    from fasttrain.config.errors import UserError
+
+    monkeypatch.chdir(tmp_path)  # where os.system("touch pwned") would write
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save({"state_dict": {}, "datamodule_hyper_parameters": {}, MODEL_SPEC_KEY: spec},
+               crafted)  # fmt: skip
+    with pytest.raises(UserError, match=re.escape(said)):
+        load_task(crafted)
+    assert not (tmp_path / "pwned").exists()

@@ -42,6 +42,9 @@ PUBLIC = {
     "WineDataModule": "fasttrain.data.wine",
     "DiabetesDataModule": "fasttrain.data.diabetes",
     "SyntheticDataModule": "fasttrain.data.synthetic",
+    # what export and predict need of a plain LightningModule (typing.Protocol: write the methods)
+    "Exportable": "fasttrain.models.protocols",
+    "Predictable": "fasttrain.models.protocols",
     # one-line errors: raise them for input a user can fix (exit code 2, nothing written)
     "UserError": "fasttrain.config.errors",
     "ConfigError": "fasttrain.config.errors",

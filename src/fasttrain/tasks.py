@@ -29,9 +29,9 @@ def train(cfg: Any) -> dict[str, float]:
     from fasttrain import fit
     from fasttrain.assemble import build_run
     from fasttrain.callbacks import board, trackers
-    from fasttrain.checkpoints.load import follows_the_contract
     from fasttrain.checkpoints.resume import checkpoint_to_resume
     from fasttrain.distributed.multirun import share_job_with_ranks
+    from fasttrain.models.protocols import Exportable, missing_methods
 
     trainer, model, datamodule = build_run(cfg)
     hparams, trial = board.session_of(cfg, trainer)
@@ -62,7 +62,7 @@ def train(cfg: Any) -> dict[str, float]:
     pinned = board.pinned_tags(monitor, metrics)  # of the values the run logged
     report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir, monitor=monitor,
            more=trackers.commands(trainer.loggers), pinned=pinned,
-           restorable=follows_the_contract(type(model)))  # fmt: skip
+           exportable=not missing_methods(model, Exportable))  # fmt: skip
     return metrics
 
 
@@ -91,20 +91,23 @@ def export(cfg: Any) -> dict[str, Any]:
     from fasttrain.assemble import build, restore
     from fasttrain.deploy import export_and_verify, failures, resolve_device, run_dir_of, select
     from fasttrain.deploy.inputs import describe, input_statistics, raw_batches, with_preprocessing
+    from fasttrain.models.protocols import Exportable, deploy_module, optional, require
 
     # Every argument is checked before the checkpoint is read, and that before a file is written.
     exporters = select(str(cfg.format))
     device = resolve_device(str(cfg.device))
     tolerance = build(cfg.tolerance, "tolerance")
     model, datamodule = restore(cfg)
+    require(model, Exportable, "export", cfg.ckpt_path)
     # Every file takes raw inputs: the data module's preprocessing is its first layer, and the
     # checks feed it the test split as raw inputs.
-    own = model.export_module()  # a task's own file contents (token ids in), else raw inputs
+    own = optional(model, "export_module")  # a task's own file (token ids in), else raw inputs
     mean, std = input_statistics(datamodule, model)
     if own is not None:
         deployed, metadata = own
     else:
-        deployed = with_preprocessing(model.net, mean, std, model.output_layer())
+        layer = optional(model, "output_layer")
+        deployed = with_preprocessing(deploy_module(model, cfg.ckpt_path), mean, std, layer)
         metadata = describe(mean, std, datamodule.input_shape)
 
     def checked() -> Any:
@@ -137,6 +140,7 @@ def predict(cfg: Any) -> Path:
     from fasttrain.deploy import resolve_device, torch_runner
     from fasttrain.deploy.inputs import input_statistics, with_preprocessing
     from fasttrain.deploy.predict import check_input_task, load_inputs, predict, write_predictions
+    from fasttrain.models.protocols import Predictable, deploy_module, optional, require
 
     device = resolve_device(str(cfg.device))
     if cfg.get("prompt") is not None:
@@ -144,12 +148,15 @@ def predict(cfg: Any) -> Path:
     if cfg.input:
         check_input_task(cfg.ckpt_path, cfg.input)  # before the data module is built
     model, datamodule = restore(cfg)
+    require(model, Predictable, "predict", cfg.ckpt_path)
     net, rows = model, "the test split"  # the model's forward: its own preprocessing, if any
     if cfg.input:
         x = load_inputs(cfg.input, datamodule.input_shape)
         batches = ((xb, None) for xb in x.split(int(cfg.data.batch_size)))
         stats = input_statistics(datamodule, model)
-        net, rows = with_preprocessing(model.net, *stats, model.output_layer()), str(cfg.input)
+        layer = optional(model, "output_layer")
+        net = with_preprocessing(deploy_module(model, cfg.ckpt_path), *stats, layer)
+        rows = str(cfg.input)
     else:
         batches = datamodule.test_dataloader()  # as the model takes them
     out = Path(cfg.output_dir or cfg.paths.output_dir) / "predictions.csv"
@@ -243,12 +250,12 @@ def check_settings(cfg: Any, entry: str) -> None:
 def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
            log_dir: str | None = None, monitor: str | None = None,
            more: dict[str, str] | None = None,
-           pinned: list[str] | None = None, restorable: bool = True) -> None:  # fmt: skip
+           pinned: list[str] | None = None, exportable: bool = True) -> None:  # fmt: skip
     """Write metrics.json in the run dir (with the task's `monitor`, the metric the run is
     judged by, for a training run); print the final metrics, where the run went and, for
     a training run (`log_dir` given), the commands that open it in TensorBoard (the link with
     the `pinned` charts first) and in `more` (MLflow, W&B), evaluate and export its checkpoint,
-    and continue it (evaluate and export only for a checkpoint they can rebuild: `restorable`)."""
+    and continue it (export only for a model it can check: `exportable`)."""
     from lightning.pytorch.utilities import rank_zero_only
     from rich.console import Console
     from rich.markup import escape
@@ -275,13 +282,13 @@ def report(output_dir: str, metrics: dict[str, float], ckpt: str | None,
     if ckpt:
         console.print(f"[bold]checkpoint[/]  {escape(ckpt)}")
     if log_dir:  # a training run: what to do next, each command ready to paste
-        commands = next_commands(out, ckpt if restorable else None, log_dir, pinned or [])
+        commands = next_commands(out, ckpt, log_dir, pinned or [], exportable)
         for name, command in {**(more or {}), **commands}.items():
             console.print(f"[bold]{name:<11}[/] {escape(command)}", markup=True, highlight=False)
 
 
-def next_commands(run_dir: Path, ckpt: str | None, log_dir: str,
-                  pinned: list[str] | None = None) -> dict[str, str]:  # fmt: skip
+def next_commands(run_dir: Path, ckpt: str | None, log_dir: str, pinned: list[str] | None = None,
+                  exportable: bool = True) -> dict[str, str]:  # fmt: skip
     """Commands that work exactly as printed from where the run was started: the run folder's
     name holds `=` and `,`, so a path in an override is quoted for Hydra, and the override for
     the shell."""
@@ -304,7 +311,8 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str,
         # from the command line: the ones this run was given are repeated.
         arg = " ".join([shell_word(f"ckpt_path={quote(shown(ckpt))}"), *data_locations()])
         commands["evaluate"] = f"{python} -m fasttrain.evaluate {arg}"
-        commands["export"] = f"{python} -m fasttrain.export {arg}"
+        if exportable:  # (fasttrain.models.protocols.Exportable)
+            commands["export"] = f"{python} -m fasttrain.export {arg}"
     newest = checkpoint_to_resume("auto", str(run_dir))
     if newest and HydraConfig.initialized():  # the command line to repeat is Hydra's record
         command = how_to_continue(newest).partition("continue with: ")[2]

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from fasttrain.models.spec import spec_of
+from fasttrain.models.spec import qualname, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,28 @@ _LOADABLE = (str, bytes, int, float, complex, bool, type(None), torch.Tensor, to
 _HPARAMS_KEYS = ("hyper_parameters", "datamodule_hyper_parameters")
 _said: set[str] = set()
 _LEFT_OUT = object()  # an object with no spec: not written
+# A plain LightningModule's config (resolved, plain values), which rebuilds it (ModelSpec).
+MODEL_SPEC_KEY = "model_spec"
+
+
+class ModelSpec(Callback):
+    """Writes the config that built a plain LightningModule, and its data module's class, into
+    each checkpoint: evaluate, export and predict rebuild the module from them
+    (fasttrain.checkpoints.load), whatever its own save_hyperparameters() keeps. A Task records
+    its own (its hyperparameters and class)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        from fasttrain.models.task import DATA_TARGET_KEY, Task
+
+        if isinstance(pl_module, Task):
+            return
+        checkpoint[MODEL_SPEC_KEY] = self.spec
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None:
+            checkpoint[DATA_TARGET_KEY] = qualname(type(datamodule))
 
 
 def loadable_hparams(checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -48,66 +48,103 @@ def read_checkpoint(path: str | Path, expect: str = "ckpt_path") -> dict[str, An
 
 
 def follows_the_contract(task: Any) -> bool:
-    """A task class evaluate, export and predict rebuild from its checkpoints: a Task that
-    writes the contract's pieces (the base class writes none). A plain LightningModule trains,
-    resumes and tests, but is not rebuilt from a checkpoint."""
+    """A task class whose hyperparameters rebuild it (Task.from_hparams): a Task that writes
+    the contract's pieces (the base class writes none). Any other LightningModule is rebuilt
+    from the config its run recorded (fasttrain.checkpoints.io.ModelSpec)."""
     from fasttrain.models.task import Task
 
     return isinstance(task, type) and issubclass(task, Task) and task.loss is not Task.loss
 
 
 def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[str, Any]]:
-    """Rebuild the task a checkpoint was trained as (fasttrain.models.task): (model in eval mode,
-    data spec).
+    """Rebuild the model a checkpoint was trained as: (model in eval mode, data spec). A Task
+    (fasttrain.models.task) from its hyperparameters; any other LightningModule from the config
+    that built it, which its run recorded.
 
     The data spec is the data module's hyperparameters, with its `_target_` when the checkpoint
     recorded it (checkpoints of older versions did not). Every target the checkpoint names (the
-    task's class, its net, optimizer, scheduler and data module) must pass
+    model's class, its net, optimizer, scheduler and data module) must pass
     fasttrain.checkpoints.allow before anything is built; `allow` adds exact dotted names (e.g.
     "mypkg.nets.MyNet", a net class kept outside fasttrain.models.nets that conf/ does not name)
     for callers that load such checkpoints on purpose.
     """
+    from fasttrain.checkpoints.io import MODEL_SPEC_KEY
+    from fasttrain.models.task import DATA_TARGET_KEY
+
+    ckpt = read_checkpoint(path)
+    data = ckpt.get("datamodule_hyper_parameters") or {}
+    if not isinstance(data, dict):
+        raise UserError(f"ckpt_path={path}: not a fasttrain task checkpoint (no data spec)")
+    data = dict(data)
+    if DATA_TARGET_KEY in ckpt:
+        data["_target_"] = ckpt[DATA_TARGET_KEY]
+    spec = ckpt.get(MODEL_SPEC_KEY)
+    if spec is not None:
+        model = _from_spec(spec, data, path, allow)
+    else:
+        model = _from_hparams(ckpt, data, path, allow)
+    _load_weights(model, ckpt, path)
+    return model.eval(), data
+
+
+def _from_hparams(ckpt: dict[str, Any], data: dict[str, Any], path: str | Path,
+                  allow: Collection[str]) -> Any:  # fmt: skip
+    """A Task, from the hyperparameters its checkpoint holds."""
     from hydra.errors import InstantiationException
     from hydra.utils import get_object
 
     from fasttrain.models.classifier import PRE_CONTRACT_TASK
-    from fasttrain.models.task import DATA_TARGET_KEY, TASK_TARGET_KEY
+    from fasttrain.models.task import TASK_TARGET_KEY
 
-    ckpt = read_checkpoint(path)
     hparams = ckpt.get("hyper_parameters") or {}
-    data = ckpt.get("datamodule_hyper_parameters") or {}
     net_spec = hparams.get("net") if isinstance(hparams, dict) else None
-    if not isinstance(net_spec, dict) or "_target_" not in net_spec or not isinstance(data, dict):
+    if not isinstance(net_spec, dict) or "_target_" not in net_spec:
         raise UserError(f"ckpt_path={path}: not a fasttrain task checkpoint (no net spec)")
-    data = dict(data)
-    if DATA_TARGET_KEY in ckpt:
-        data["_target_"] = ckpt[DATA_TARGET_KEY]
     task_target = ckpt.get(TASK_TARGET_KEY, PRE_CONTRACT_TASK)
-    task_spec = {"_target_": task_target}
-    check_specs({"task": task_spec, **hparams, "data": data}, f"ckpt_path={path}", allow)
+    check_specs({"task": {"_target_": task_target}, **hparams, "data": data},
+                f"ckpt_path={path}", allow)  # fmt: skip
     task = get_object(str(task_target))
     if not follows_the_contract(task):
         raise UserError(f"ckpt_path={path}: its task {task_target} does not follow the task "
                         "contract (a subclass of fasttrain.models.task.Task)")  # fmt: skip
     try:
-        model = task.from_hparams(hparams)
+        return task.from_hparams(hparams)
     except (InstantiationException, KeyError, TypeError, ValueError) as err:
         # ConfigError is a ValueError: a value the task refuses, named by the message.
-        detail = " ".join(str(err).split())[:300]
-        raise UserError(
-            f"ckpt_path={path}: its hyper_parameters do not rebuild a {task.__name__} ({detail})"
-        ) from None
+        raise UserError(f"ckpt_path={path}: its hyper_parameters do not rebuild a "
+                        f"{task.__name__} ({_one_line(err)})") from None  # fmt: skip
+
+
+def _from_spec(spec: Any, data: dict[str, Any], path: str | Path,
+               allow: Collection[str]) -> Any:  # fmt: skip
+    """A plain LightningModule, from the config its run recorded: checked as a Task's
+    hyperparameters are (the module's class in the task slot, each argument in its own)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("_target_"), str):
+        raise UserError(f"ckpt_path={path}: refused, its model spec is not a config node")
+    args = {k: v for k, v in spec.items() if k != "_target_"}
+    check_specs({"task": {"_target_": spec["_target_"]}, **args, "data": data},
+                f"ckpt_path={path}", allow)  # fmt: skip
+    try:
+        return instantiate(spec, _convert_="all")
+    except (InstantiationException, KeyError, TypeError, ValueError) as err:
+        raise UserError(f"ckpt_path={path}: its model spec does not rebuild "
+                        f"{spec['_target_']} ({_one_line(err)})") from None  # fmt: skip
+
+
+def _load_weights(model: Any, ckpt: dict[str, Any], path: str | Path) -> None:
+    """The checkpoint's weights and the module's own records (a language model's tokenizer)."""
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as err:
         # torch lists every mismatched tensor on its own line; the error stays one line.
-        detail = " ".join(str(err).split())
-        detail = detail if len(detail) <= 300 else detail[:300] + "..."
         raise UserError(
-            f"ckpt_path={path}: weights do not fit the net it names ({detail})"
+            f"ckpt_path={path}: weights do not fit the net it names ({_one_line(err)})"
         ) from None
     try:
-        model.on_load_checkpoint(ckpt)  # the task's own records (a language model's tokenizer)
+        model.on_load_checkpoint(ckpt)
     except UserError as err:  # a record the task refuses: "its tokenizer ...", named here
         raise UserError(f"ckpt_path={path}: {err}") from None
     tokenizer, vocab = getattr(model, "tokenizer_json", None), getattr(model, "vocab_size", None)
@@ -117,4 +154,8 @@ def load_task(path: str | Path, allow: Collection[str] = ()) -> tuple[Any, dict[
 
         where = f"ckpt_path={path}: its tokenizer"
         check_vocabulary(from_json(tokenizer, where), int(vocab), where)
-    return model.eval(), data
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    detail = " ".join(str(err).split())
+    return detail if len(detail) <= limit else detail[:limit] + "..."

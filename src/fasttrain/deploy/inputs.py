@@ -50,11 +50,11 @@ def with_preprocessing(
 
 
 def raw_batches(
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[tuple[torch.Tensor, Any]],
     mean: torch.Tensor,
     std: torch.Tensor,
     model: Any = None,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+) -> Iterator[tuple[torch.Tensor, Any]]:
     """A data module's (preprocessed x, y) batches as raw ones: x * std + mean (to float
     rounding: digits' pixels come back as 0..16 within 1e-5). For a model that preprocesses on
     the device the batches are raw already (uint8 pixels): only made float32."""

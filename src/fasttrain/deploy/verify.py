@@ -21,16 +21,16 @@ from torch import nn
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import Criterion, Runner, torch_runner
+from fasttrain.models.protocols import relative_deviation
 
 LATENCY_BATCHES = (1, 64)
 
 
 class OutputChecks(Protocol):
-    """The part of the task contract (fasttrain.models.task.Task) the checks use."""
+    """What the checks use (fasttrain.models.protocols.Exportable; `deviation` optional)."""
 
     def score(self) -> tuple[str, Any]: ...
     def agreement(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor: ...
-    def deviation(self, outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ class _Tally:
         self.max_abs_diff, self.agree, self.answers, self.seen = 0.0, 0, 0, 0
 
     def add(self, outputs: torch.Tensor, reference: torch.Tensor, target: torch.Tensor) -> None:
-        deviation = self.checks.deviation(outputs, reference)
+        own = getattr(self.checks, "deviation", None)  # a plain module's default: relative
+        deviation = (own or relative_deviation)(outputs, reference)
         self.max_abs_diff = max(self.max_abs_diff, deviation.max().item())
         same = self.checks.agreement(outputs, reference)  # per answer: a sample, a position
         self.agree += int(same.sum())

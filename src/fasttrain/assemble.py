@@ -33,7 +33,7 @@ from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import fasttrain.distributed.dp  # noqa: F401  (registers `dp` before any Trainer is built)
-from fasttrain.checkpoints.io import AtomicCheckpointIO
+from fasttrain.checkpoints.io import AtomicCheckpointIO, ModelSpec
 from fasttrain.checkpoints.resume import ResumeState, confine_restored_paths
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.schema import validate
@@ -110,7 +110,9 @@ def build_run(
     if mismatch:  # e.g. model.num_targets=2 on a data set with one target per sample
         raise UserError(f"model ({cfg.model._target_}) does not fit data "
                         f"({cfg.data._target_}): {mismatch}")  # fmt: skip
-    every = [*build_all(cfg.get("callbacks"), "callbacks"), ResumeState(cfg.seed), *callbacks]
+    spec = plain(OmegaConf.to_container(cfg.model, resolve=True))  # a plain module's record
+    every = [*build_all(cfg.get("callbacks"), "callbacks"), ResumeState(cfg.seed),
+             ModelSpec(spec), *callbacks]  # fmt: skip
     loggers = build_all(cfg.get("logger"), "logger")
     for logger in loggers:  # TensorBoard's layout: the task's own charts (fasttrain.models.task)
         if hasattr(logger, "task_charts"):
@@ -182,7 +184,8 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
         SPLIT_RECORD))  # fmt: skip
     if change:  # evaluate and predict then run on other files than the run was tested on
         logging.getLogger(__name__).warning(f"ckpt_path={cfg.ckpt_path}: {change}")
-    net_shape = (model.hparams.get("net") or {}).get("input_shape")
+    net_spec = getattr(model, "hparams", {}).get("net")  # a Task's (a plain module's: any)
+    net_shape = net_spec.get("input_shape") if isinstance(net_spec, dict) else None
     data_shape = getattr(datamodule, "input_shape", None)
     if net_shape is not None and data_shape is not None and list(net_shape) != list(data_shape):
         raise UserError(
@@ -190,11 +193,12 @@ def restore(cfg: DictConfig) -> tuple[Any, Any]:
             f"data ({cfg.data._target_}) gives {list(data_shape)}; select the data group the "
             "checkpoint was trained on (data=...)"
         )
-    mismatch = model.data_mismatch(datamodule)
+    mismatch = getattr(model, "data_mismatch", lambda _: None)(datamodule)  # Task's data-fit
     if mismatch:
         raise UserError(f"ckpt_path={cfg.ckpt_path}: {mismatch}; select the data group the "
                         "checkpoint was trained on (data=...)")  # fmt: skip
-    model.configure_data(datamodule)  # what the checkpoint recorded for it (a tokenizer)
+    # what the checkpoint recorded for it (a language model's tokenizer)
+    getattr(model, "configure_data", lambda _: None)(datamodule)
     datamodule.prepare_data()
     datamodule.setup("test")
     return model, datamodule

@@ -152,7 +152,9 @@ class Task(L.LightningModule):
         """Elementwise difference that export's max|diff| tolerance is in: absolute where the
         reference is within [-1, 1] (logits), relative beyond (float32 keeps ~7 digits, so an
         output of 150 in its own units cannot match to 1e-4 absolute)."""
-        return (outputs - reference).abs() / reference.abs().clamp(min=1)
+        from fasttrain.models.protocols import relative_deviation
+
+        return relative_deviation(outputs, reference)
 
     def data_mismatch(self, datamodule: Any) -> str | None:
         """Why `datamodule` cannot feed this model (None: it can)."""

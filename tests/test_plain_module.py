@@ -22,6 +22,7 @@ from practices import compose_train
 from torchmetrics.classification import MulticlassAccuracy
 
 from conftest import CONF
+from fasttrain import Task
 from fasttrain.checkpoints.io import loadable_hparams
 from fasttrain.models.nets import MLP
 
@@ -191,3 +192,34 @@ def test_a_crafted_model_spec_is_refused_before_anything_is_built(
     with pytest.raises(UserError, match=re.escape(said)):
         load_task(crafted)
     assert not (tmp_path / "pwned").exists()
+
+
+class LossOnly(Task):
+    """A Task that writes its loss alone: it trains and evaluates; export and predict ask for
+    the rest."""
+
+    def loss(self, outputs: torch.Tensor, y: torch.Tensor, training: bool) -> torch.Tensor:
+        return F.cross_entropy(outputs, y)
+
+
+def test_a_task_writing_only_its_loss_trains_evaluates_and_is_told_what_export_needs(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fasttrain.checkpoints import allow
+    from fasttrain.config.errors import UserError
+    from fasttrain.tasks import evaluate, export, predict, train
+
+    named = {**allow.conf_targets(), f"{__name__}.LossOnly": ("model/loss_only.yaml",)}
+    monkeypatch.setattr(allow, "conf_targets", lambda config_dir="": named)
+    cfg = compose_train(tmp_path, *RUN, "trainer.max_epochs=1", quick=False)
+    with open_dict(cfg):  # the MLP preset, less the classifier's own arguments
+        for key in ("num_classes", "label_smoothing", "top_k", "mixup_alpha", "cutmix_alpha"):
+            cfg.model.pop(key, None)
+        cfg.model._target_ = f"{__name__}.LossOnly"
+    assert "test/loss" in train(cfg)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert "test/loss" in evaluate(from_checkpoint(tmp_path, "eval", last))
+    for entry, run, lacking in (("export", export, "score(), agreement()"),
+                                ("predict", predict, "score(), prediction_header()")):  # fmt: skip
+        with pytest.raises(UserError, match=rf"{entry} needs {re.escape(lacking)} of its module"):
+            run(from_checkpoint(tmp_path, entry, last))

@@ -49,6 +49,11 @@ def test_the_readme_adds_a_net_a_data_set_and_a_task_as_new_files_only() -> None
     assert not [p for p in files if (REPO / p).exists()], "the examples must be new files"
 
 
+def test_the_example_task_is_at_most_40_lines() -> None:
+    task = readme_files()[f"src/{PACKAGE}/poisson.py"]
+    assert "(Task)" in task and len(task.splitlines()) <= 40, len(task.splitlines())
+
+
 def test_a_new_project_starts_with_the_readme_examples() -> None:
     for path, text in readme_files().items():
         rel = path.replace(PACKAGE, "{{ package_name }}")

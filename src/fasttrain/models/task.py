@@ -137,8 +137,9 @@ class Task(L.LightningModule):
 
     def prediction_rows(self, outputs: torch.Tensor, datamodule: Any) -> list[list[Any]]:
         """One predictions.csv row per sample of `outputs` (in the task's units), under
-        `prediction_header`; fasttrain.deploy.predict adds the index and label columns."""
-        raise NotImplementedError
+        `prediction_header`; fasttrain.deploy.predict adds the index and label columns. By
+        default each output value, to 6 significant digits."""
+        return [[f"{v:.6g}" for v in row] for row in outputs.reshape(len(outputs), -1).tolist()]
 
     def score(self) -> tuple[str, Metric]:
         """(name, metric) of the held-out score export compares formats by; higher is better."""

@@ -15,8 +15,9 @@ ARGS ?=
 # TEST_WORKERS=0 runs in this process (a debugger, -s)
 TEST_WORKERS ?= logical
 PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-# make tensorboard PORT=6007; make new-project NAME=acme_vision DEST=../acme_vision
+# make tensorboard PORT=6007; make notebook NB_PORT=8889; make new-project NAME=acme_vision DEST=../acme_vision
 PORT ?= 6006
+NB_PORT ?= 8888
 NAME ?=
 DEST ?=
 
@@ -28,7 +29,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard new-project doctor
+.PHONY: help install train export test test-slow lint format bench clean typecheck tensorboard notebook new-project doctor
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -66,6 +67,10 @@ bench: $(STAMP) ## CPU benchmark: template vs hand-written loop -> bench/results
 
 tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006); every run is listed by name
 	$(BIN)/tensorboard --logdir logs --host 127.0.0.1 --port $(PORT)
+
+notebook: $(STAMP) ## open notebooks/ in JupyterLab on http://127.0.0.1:$(NB_PORT) (NB_PORT=8888; it prints the link with its token)
+	@# as root (a container), JupyterLab wants --allow-root; it still serves 127.0.0.1 only, behind its token
+	$(BIN)/jupyter-lab --no-browser --ip 127.0.0.1 --port $(NB_PORT) --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 new-project: $(STAMP) ## a new project of your own: make new-project NAME=acme_vision DEST=../acme_vision
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "usage: make new-project NAME=acme_vision DEST=../acme_vision" >&2; exit 2; }

@@ -22,7 +22,8 @@ def test_grad_norms_in_event_file_before_clipping(tmp_path: Path) -> None:
     cfg = compose_train(
         tmp_path, *CPU, "logger=tensorboard", "+callbacks@callbacks.grad_monitor=none",
         "+callbacks.grad_monitor._target_=fasttrain.callbacks.grad_health.GradNormMonitor",
-        "+callbacks.grad_monitor.every_n_steps=1", "trainer.gradient_clip_val=0.001",
+        "+callbacks.grad_monitor.every_n_steps=1", "+callbacks.grad_monitor.per_layer=true",
+        "trainer.gradient_clip_val=0.001",
         "trainer.log_every_n_steps=1",
     )  # fmt: skip
     trainer, model, datamodule = build_run(cfg)

@@ -31,7 +31,7 @@ EVERY, GRAD_EVERY = 2, 3
 BASE = ["model=mlp", "trainer.max_epochs=2", "data.num_workers=0", "data.batch_size=256",
         f"trainer.log_every_n_steps={EVERY}",
         f"callbacks.grad_monitor.every_n_steps={GRAD_EVERY}"]  # fmt: skip
-RUN_A = ["seed=7"]
+RUN_A = ["seed=7", "callbacks.grad_monitor.per_layer=true"]  # per-layer norms: off by default
 RUN_B = ["model.optimizer.lr=0.01", "trainer.deterministic=true"]
 
 
@@ -190,10 +190,14 @@ def test_custom_scalars_layout_opens_on_train_vs_val(server: str) -> None:
 
 
 def test_grad_norm_total_comes_first_and_layers_say_their_type(server: str) -> None:
-    tags = sorted(tags_of(server, cli_runs(server)[0]))
+    per_layer = next(r for r in cli_runs(server) if "per_layer=true" in r)
+    tags = sorted(tags_of(server, per_layer))
     grads = [t for t in tags if t.startswith("vitals/grad_norm")]
     assert grads[0] == "vitals/grad_norm/total"
     assert "vitals/grad_norm_layers/net.layers.1.weight (Linear)" in grads
+    default = next(r for r in cli_runs(server) if "per_layer" not in r)
+    grads = [t for t in tags_of(server, default) if t.startswith("vitals/grad_norm")]
+    assert grads == ["vitals/grad_norm/total"]  # per layer only when asked for
 
 
 def session_groups(server: str) -> list[dict]:

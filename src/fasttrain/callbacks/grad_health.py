@@ -39,7 +39,7 @@ class GradNormMonitor(L.Callback):
         per_layer: also log one norm per parameter tensor, not only the total.
     """
 
-    def __init__(self, every_n_steps: int = 50, norm_type: float = 2.0, per_layer: bool = True):
+    def __init__(self, every_n_steps: int = 50, norm_type: float = 2.0, per_layer: bool = False):
         super().__init__()
         if every_n_steps < 1:
             raise ConfigError("every_n_steps", every_n_steps, "expected an int >= 1")

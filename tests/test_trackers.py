@@ -72,15 +72,59 @@ def test_mlflow_keeps_the_run_as_tensorboard_does(tracked) -> None:
     assert {"baseline", "t2"} <= set(run.data.tags)
     record = recorded(where)
     assert run.data.tags["checkpoint"] == str(Path(record["checkpoint"]).absolute())
-    final = {k.removeprefix("final/"): v for k, v in run.data.metrics.items() if "final/" in k}
-    assert final["test/acc"] == pytest.approx(record["metrics"]["test/acc"])
-    assert final["val/acc_best"] == pytest.approx(record["metrics"]["val/acc_best"])
-    assert "perf/samples_per_sec" in final and not any("grad_norm" in k for k in final)
+    # the final values are the metrics' latest values; no `final/*` copies (one-point charts)
+    assert not [k for k in run.data.metrics if k.startswith("final/")]
+    for name in ("test/acc", "val/acc", "val/acc_best", "val/loss"):
+        assert run.data.metrics[name] == pytest.approx(record["metrics"][name]), name
     # one step convention: x = optimizer steps completed, as in TensorBoard
     for tag in ("val/acc", "train/loss_step", "lr"):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, tag)]
         assert steps == scalar_steps(run_dir(where), tag), tag
     assert "epoch" not in run.data.metrics
+
+
+def test_mlflow_opens_on_model_training_with_the_config_and_summary_as_artifacts(tracked) -> None:
+    """The experiment is of MLflow 3's kind for model training (its UI offered GenAI pages, an
+    empty overview); the composed config, the overrides and the performance summary are files of
+    the run, byte for byte the run folder's; no checkpoint is copied by default."""
+    from mlflow.artifacts import download_artifacts
+
+    from fasttrain.callbacks.trackers import EXPERIMENT_KIND
+
+    proc, where = tracked
+    client, run = mlflow_run(where)
+    key, kind = EXPERIMENT_KIND
+    assert client.get_experiment(run.info.experiment_id).tags[key] == kind
+    listed = {f.path for f in client.list_artifacts(run.info.run_id)}
+    assert listed == {"config", "perf_summary.json"}, listed
+    assert {f.path for f in client.list_artifacts(run.info.run_id, "config")} == {
+        "config/config.yaml", "config/overrides.yaml"}  # fmt: skip
+    got = download_artifacts(run_id=run.info.run_id, artifact_path="config/config.yaml",
+                             dst_path=str(where / "got"),
+                             tracking_uri=f"sqlite:///{where}/logs/mlflow.db")  # fmt: skip
+    assert Path(got).read_bytes() == (run_dir(where) / ".hydra" / "config.yaml").read_bytes()
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("MLflow view")]
+    url = line.removeprefix("MLflow view").strip()
+    assert url == (f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}"
+                   "?workflowType=machine_learning")  # fmt: skip
+
+
+def test_an_experiment_kind_chosen_in_the_ui_stays(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from fasttrain.callbacks.trackers import EXPERIMENT_KIND, MLflowRun
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    first = MLflowRun(uri, "e", "a", str(tmp_path / "a"))
+    client = first.experiment
+    client.set_experiment_tag(first.experiment_id, EXPERIMENT_KIND[0], "finetuning")
+    second = MLflowRun(uri, "e", "b", str(tmp_path / "b"))
+    second.experiment  # noqa: B018  (starts the run)
+    fresh = MLflowRun(uri, "f", "c", str(tmp_path / "c"))
+    fresh.experiment  # noqa: B018
+    kinds = [MlflowClient(uri).get_experiment(run.experiment_id).tags[EXPERIMENT_KIND[0]]
+             for run in (second, fresh)]  # fmt: skip
+    assert kinds == ["finetuning", EXPERIMENT_KIND[1]]
 
 
 def free_port() -> int:
@@ -92,7 +136,7 @@ def free_port() -> int:
 @pytest.mark.slow  # starts MLflow's server (seconds): CI runs it in make test-slow
 def test_the_printed_mlflow_ui_command_shows_the_run(tracked) -> None:
     proc, where = tracked
-    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("MLflow ")]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("MLflow  ")]
     command = shlex.split(line.removeprefix("MLflow").strip())
     assert command[1] == "ui" and command[-6:] == ["--host", "127.0.0.1", "--port", "5000",
                                                    "--workers", "1"]  # fmt: skip
@@ -189,7 +233,7 @@ def test_wandb_offline_run_keeps_the_run_as_tensorboard_does(tracked) -> None:
 def test_printed_commands_name_what_each_tracker_wrote(tracked) -> None:
     proc, where = tracked
     lines = {x.split(maxsplit=1)[0]: x.split(maxsplit=1)[1] for x in proc.stdout.splitlines()
-             if x.startswith(("MLflow ", "W&B ", "TensorBoard "))}  # fmt: skip
+             if x.startswith(("MLflow  ", "W&B ", "TensorBoard "))}  # fmt: skip
     exe, ui, flag, uri, *_ = shlex.split(lines["MLflow"])
     assert Path(exe).parent == Path(sys.executable).parent
     assert (ui, flag) == ("ui", "--backend-store-uri")
@@ -274,8 +318,10 @@ def test_a_run_has_one_name_in_its_folder_tensorboard_and_mlflow(tmp_path: Path)
     from mlflow.tracking import MlflowClient
     from test_reliability_run_sweeps import jobs_of
 
+    # The two jobs differ in log_model: the best checkpoint's file is uploaded only when asked.
     args = ["-m", "logger=mlflow", "model=mlp", "trainer.max_epochs=1", "data.num_workers=0",
-            "callbacks.progress_bar=null", "test=false", "seed=1,2"]  # fmt: skip
+            "callbacks.progress_bar=null", "test=false",
+            "logger.mlflow.log_model=false,true"]  # fmt: skip
     proc = train(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     home = tmp_path / "logs" / "train"
@@ -285,3 +331,23 @@ def test_a_run_has_one_name_in_its_folder_tensorboard_and_mlflow(tmp_path: Path)
     (experiment,) = [e for e in client.search_experiments() if e.name == "train"]
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(r.info.run_name for r in runs) == folders
+    for r in runs:
+        best = Path(r.data.tags["checkpoint"])
+        uploaded = {f.path for f in client.list_artifacts(r.info.run_id)} - {"config"}
+        if "log_model=True" not in r.info.run_name:
+            assert uploaded == {"perf_summary.json"}, uploaded
+            continue
+        assert uploaded == {"perf_summary.json", "checkpoint"}, uploaded
+        (file,) = client.list_artifacts(r.info.run_id, "checkpoint")
+        assert file.path == f"checkpoint/{best.name}" and "last" not in file.path
+        got = Path(client.download_artifacts(r.info.run_id, file.path, str(tmp_path / "got")))
+        assert got.read_bytes() == best.read_bytes()
+
+
+def test_log_model_takes_what_lightning_does(tmp_path: Path) -> None:
+    from fasttrain.callbacks.trackers import MLflowRun
+    from fasttrain.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^log_model='yes': expected false .*, true .* or all"):
+        MLflowRun(f"sqlite:///{tmp_path}/m.db", "e", "r", str(tmp_path), log_model="yes")
+    assert not list(tmp_path.iterdir())  # refused before the store is made

@@ -1,9 +1,15 @@
 """MLflow and Weights & Biases, one override each (`logger=mlflow`, `logger=wandb`; several at
 once: `logger=many`, or `logger=[tensorboard,mlflow]`), recording what TensorBoard's HPARAMS
 session records (fasttrain.callbacks.board): the run's chosen hyperparameters (not the whole
-config), its `tags=`, the final val/test and performance values as `final/*` at the last step,
-and the path of the best checkpoint. Every scalar keeps the one step convention of
-fasttrain.callbacks.board (x = optimizer steps completed), without Lightning's `epoch` scalar.
+config), its `tags=`, the final val/test and performance values and the path of the best
+checkpoint. Every scalar keeps the one step convention of fasttrain.callbacks.board (x = optimizer
+steps completed), without Lightning's `epoch` scalar.
+
+MLflow's pages are its own, so the run records what they show well: the experiment is marked as
+model training (EXPERIMENT_KIND), not GenAI; the final values are the latest values of the metrics
+themselves (the runs table's and the run page's numbers), not `final/*` metrics, each a chart of
+one point heading the run page; the composed config and the performance summary are artifacts;
+`view_url` opens the experiment on its runs.
 
 Both stay on this machine by default: MLflow writes a SQLite tracking database under `logs/`
 (`mlflow ui --backend-store-uri ...` shows it, the command printed at the end of a run); W&B runs
@@ -49,6 +55,18 @@ log = logging.getLogger(__name__)
 RUN_DIR_TAG = "fasttrain.run_dir"
 # In the run folder: the id of its MLflow run, read back when the run is continued.
 RUN_ID_FILE = ".mlflow-run-id"
+# The experiment tag MLflow 3 keeps an experiment's kind in (the kind selector of its page), and
+# the kind of a training run. The UI opens on the sidebar's GenAI / Model training switch, kept
+# in the browser; `workflowType=machine_learning` in the address sets it (view_url).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+WORKFLOW_QUERY = "workflowType=machine_learning"
+# Artifacts of every run: the composed config and the overrides (Hydra's, beside the run), and
+# the performance summary (fasttrain.callbacks.perf) once the run ends. Small text files only;
+# checkpoints are uploaded only with log_model.
+CONFIG_FILES = (".hydra/config.yaml", ".hydra/overrides.yaml")
+CONFIG_ARTIFACTS = "config"
+SUMMARY_FILES = ("perf_summary.json",)
+CHECKPOINT_ARTIFACTS = "checkpoint"  # the best checkpoint's file, with log_model=true
 # The ids MLflow gives runs (uuid4 hex): what is read back from RUN_ID_FILE must be one.
 _MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")
 _MLFLOW_UNSAFE = re.compile(r"[^a-zA-Z0-9_/. -]+")
@@ -92,19 +110,32 @@ class MLflowRun(MLFlowLogger):
         run_name: the MLflow run's name (default: the run folder's name).
         run_dir: the run folder, kept as a tag: the same folder continues the same MLflow run.
         tags: the run's `tags=`, each an MLflow tag (with an empty value).
-        artifact_location: where a new experiment keeps artifacts (none are logged by default).
+        artifact_location: where a new experiment keeps artifacts (the config, the performance
+            summary and, with log_model, checkpoints).
+        log_model: also upload checkpoints: False (default) records the best checkpoint's
+            path only (the `checkpoint` tag); True uploads the best checkpoint's file as well
+            (artifact `checkpoint/`, at the end of the run); "all": every checkpoint as it is
+            saved (Lightning's MLFlowLogger, one artifact folder per file).
     """
 
     def __init__(self, tracking_uri: str, experiment_name: str, run_name: str, run_dir: str,
-                 tags: Sequence[str] | str = (),
-                 artifact_location: str | None = None) -> None:  # fmt: skip
+                 tags: Sequence[str] | str = (), artifact_location: str | None = None,
+                 log_model: bool | str = False) -> None:  # fmt: skip
         _require("mlflow", "logger=mlflow")
+        if log_model not in (True, False, "all"):
+            raise ConfigError("log_model", log_model, "expected false (the best "
+                              "checkpoint's path only), true (upload the best checkpoint) or "
+                              "all (every checkpoint as it is saved)")  # fmt: skip
         _check_mlflow_server(tracking_uri)
         labels = {tag: "" for tag in run_tags(tags)} | {RUN_DIR_TAG: str(Path(run_dir).absolute())}
         with _one_at_a_time(tracking_uri):  # the client creates (migrates) a new database
             super().__init__(experiment_name=experiment_name, run_name=run_name,
                              tracking_uri=tracking_uri, tags=labels,
-                             artifact_location=artifact_location)  # fmt: skip
+                             artifact_location=artifact_location,
+                             log_model="all" if log_model == "all" else False)  # fmt: skip
+        # Lightning's log_model=True uploads the checkpoints of the callback that saved last
+        # (last.ckpt here, not the best): the best is uploaded in record_end instead.
+        self._upload_best = log_model is True
         self._run_dir = labels[RUN_DIR_TAG]
 
     @property
@@ -117,6 +148,7 @@ class MLflowRun(MLFlowLogger):
                 self._run_id = self._continued_run()
             client = super().experiment
             _keep_run_id(Path(self._run_dir) / RUN_ID_FILE, str(self._run_id))
+            _mark_model_training(client, str(self._experiment_id))
             return client
 
     def _continued_run(self) -> str | None:
@@ -164,12 +196,24 @@ class MLflowRun(MLFlowLogger):
         # Params are write-once in MLflow: a continued run logs only the ones it lacks.
         logged = self.experiment.get_run(self.run_id).data.params
         super().log_hyperparams({k: v for k, v in hparams.items() if k not in logged})
+        self._log_files(CONFIG_FILES, CONFIG_ARTIFACTS)
 
     @rank_zero_only
     def record_end(self, final: Mapping[str, float], step: int, checkpoint: str | None) -> None:
-        self.log_metrics({f"final/{k}": float(v) for k, v in final.items()}, step)
+        """The final val/ and test/ values are the latest values of those metrics already (the
+        runs table's columns, the run page's table): no `final/*` copies. The performance
+        summary is an artifact (perf_summary.json), the best checkpoint's path a tag."""
+        self._log_files(SUMMARY_FILES, None)
         if checkpoint:
             self.experiment.set_tag(self.run_id, "checkpoint", str(Path(checkpoint).absolute()))
+            if self._upload_best:
+                self.experiment.log_artifact(self.run_id, checkpoint, CHECKPOINT_ARTIFACTS)
+
+    def _log_files(self, names: Sequence[str], artifact_path: str | None) -> None:
+        for name in names:
+            path = Path(self._run_dir) / name
+            if path.is_file():
+                self.experiment.log_artifact(self.run_id, str(path), artifact_path)
 
     def show_command(self) -> str:
         # One worker: MLflow's default four, each starting its app, were killed and restarted
@@ -177,8 +221,20 @@ class MLflowRun(MLFlowLogger):
         store = shlex.quote(self._tracking_uri)
         return f"{_executable('mlflow')} ui --backend-store-uri {store} {MLFLOW_UI_ARGS}"
 
+    def view_url(self) -> str:
+        """The experiment's runs in the page `show_command` serves, on Model training."""
+        return f"{MLFLOW_UI_URL}/#/experiments/{self._experiment_id}?{WORKFLOW_QUERY}"
+
 
 MLFLOW_UI_ARGS = "--host 127.0.0.1 --port 5000 --workers 1"
+MLFLOW_UI_URL = "http://127.0.0.1:5000"
+
+
+def _mark_model_training(client: Any, experiment_id: str) -> None:
+    """EXPERIMENT_KIND on an experiment that has no kind yet (one chosen in the UI stays)."""
+    key, kind = EXPERIMENT_KIND
+    if key not in client.get_experiment(experiment_id).tags:
+        client.set_experiment_tag(experiment_id, key, kind)
 
 
 @contextlib.contextmanager
@@ -430,6 +486,7 @@ def commands(loggers: Sequence[Logger]) -> dict[str, str]:
     for logger in loggers:
         if isinstance(logger, MLflowRun):
             shown["MLflow"] = logger.show_command()
+            shown["MLflow view"] = logger.view_url()
         elif isinstance(logger, WandbRun) and logger.show_command():
             shown["W&B"] = logger.show_command()
     return shown

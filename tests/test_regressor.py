@@ -63,9 +63,10 @@ def test_hparams_and_layout_follow_the_tasks_metric(default_run) -> None:
     values = scalars(run)
     assert {"train/mse", "val/mse", "val/mae"} <= set(values)
     assert "val/acc" not in values and "train/acc" not in values
-    # The results, the monitor's best first (TensorBoard lists them by name, colours by the first).
+    # The results: the loss first (every task has it), the task's own in its group.
     results = sorted(verdict(run))
-    assert results[0] == "verdict/best/val/mse" and "verdict/final/test/r2" in results
+    assert results[:2] == ["verdict/loss/test", "verdict/loss/val"]
+    assert {"verdict/task/regressor/val/mse_best", "verdict/task/regressor/test/r2"} <= set(results)
     acc = EventAccumulator(str(run), size_guidance={"tensors": 0})
     acc.Reload()
     (event,) = acc.Tensors("custom_scalars__config__")

@@ -2,8 +2,9 @@
 browser reads them: run names, scalars and their steps, the Custom Scalars layout, HPARAMS; and
 the pages as headless Chromium renders them (where it is installed).
 
-Where TensorBoard holds a run (fasttrain.callbacks.board): the run folder (training curves,
-`vitals/`), `<run>/val` (validation curves), `<run>/hparams` (the HPARAMS session, `verdict/`)."""
+Where TensorBoard holds a run (fasttrain.callbacks.board): the run folder (its curves, training and
+validation, under the names logged in the task's group `classifier/`, run health in `vitals/`),
+`<run>/hparams` (the HPARAMS session, `verdict/`)."""
 
 from __future__ import annotations
 
@@ -89,14 +90,14 @@ def server(log_dir: Path) -> Iterator[str]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if len(get_json(f"{url}/data/plugin/scalars/tags")) == 3 * 3:
+                if len(get_json(f"{url}/data/plugin/scalars/tags")) == 3 * 2:
                     break
             except OSError:
                 pass
             assert proc.poll() is None, "tensorboard exited"
             time.sleep(0.5)
         else:
-            pytest.fail("tensorboard did not list the 3 runs (x3) within 60 s")
+            pytest.fail("tensorboard did not list the 3 runs (x2) within 60 s")
         yield url
     finally:
         proc.terminate()
@@ -111,11 +112,12 @@ def steps(server: str, run: str, tag: str) -> list[int]:
     return [step for _, step, _ in get_json(f"{server}/data/plugin/scalars/scalars?{query}")]
 
 
-SUBRUNS = ("/val", "/hparams")
+SUBRUNS = ("/hparams",)
+GROUP = "classifier"  # the task's group: model=mlp is a Classifier
 
 
 def runs(server: str) -> list[str]:
-    """The training runs TensorBoard lists (their val/ and hparams/ runs left out)."""
+    """The training runs TensorBoard lists (their hparams/ runs left out)."""
     return sorted(r for r in get_json(f"{server}/data/plugin/scalars/tags")
                   if not r.endswith(SUBRUNS))  # fmt: skip
 
@@ -131,8 +133,9 @@ def tags_of(server: str, run: str) -> set[str]:
 def test_runs_are_listed_as_task_time_overrides(server: str, log_dir: Path) -> None:
     listed = sorted(get_json(f"{server}/data/plugin/scalars/tags"))
     names = [d.name for d in run_dirs(log_dir)]
-    # No /tensorboard or version_0 below the run folder (the resumed run has no .hydra/); its
-    # validation curves and its HPARAMS session each a run below it.
+    # No /tensorboard or version_0 below the run folder (the resumed run has no .hydra/), no
+    # val/ run (validation curves are the run's own, in its colour); its HPARAMS session a run
+    # below it.
     expected = [f"train/{n}" for n in [*names, "resumed"]]
     assert listed == sorted(f"{r}{sub}" for r in expected for sub in ("", *SUBRUNS))
     time_ = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
@@ -151,20 +154,20 @@ def test_one_step_convention_and_every_n_exactly(server: str) -> None:
     for run in runs(server):
         # One point at the run's last optimizer step (2 epochs x 5); the resumed run has one
         # for each part it ran.
-        last = steps(server, f"{run}/hparams", "verdict/final/test/acc")
+        last = steps(server, f"{run}/hparams", f"verdict/task/{GROUP}/test/acc")
         assert last == ([5, 10] if run.endswith("/resumed") else [10])
         end = last[-1]
         # Every N optimizer steps exactly, epoch ends included (none dropped, none late).
         assert steps(server, run, "vitals/grad_norm/total") == list(range(0, end, GRAD_EVERY))
-        assert steps(server, run, "learning/loss") == list(range(0, end, EVERY))  # per step
+        assert steps(server, run, f"{GROUP}/train/loss_step") == list(range(0, end, EVERY))
         assert steps(server, run, "vitals/lr") == list(range(0, end, EVERY))
         # Throughput over the N steps that end at N, 2N, ...: the same x.
         throughput = steps(server, run, "vitals/perf/samples_per_sec")
         assert throughput == list(range(EVERY, end + 1, EVERY))
         # Per epoch: at the optimizer steps completed when validation ran.
-        assert steps(server, f"{run}/val", "learning/acc") == [5, 10]
-        assert steps(server, run, "learning/acc") == steps(server, run, "metrics/loss_epoch")
-        assert steps(server, run, "learning/acc") == [5, 10]
+        assert steps(server, run, f"{GROUP}/val/acc") == [5, 10]
+        assert steps(server, run, f"{GROUP}/train/acc") == [5, 10]
+        assert steps(server, run, f"{GROUP}/train/loss_epoch") == [5, 10]
 
 
 def test_custom_scalars_layout_opens_on_train_vs_val(server: str) -> None:
@@ -173,20 +176,20 @@ def test_custom_scalars_layout_opens_on_train_vs_val(server: str) -> None:
     first = layout["category"][0]["chart"][0]
     assert first["title"] == "loss: train vs val"
     run = cli_runs(server)[0]
-    tags = {(sub, t) for sub in ("", "/val") for t in tags_of(server, run + sub)}
+    tags = tags_of(server, run)
 
-    def shown(title: str) -> set[tuple[str, str]]:
-        return {(sub, t) for sub, t in tags if any(re.search(rx, t) for rx in charts[title])}
+    def shown(title: str) -> set[str]:
+        return {t for t in tags if any(re.search(rx, t) for rx in charts[title])}
 
-    # training (the run) vs validation (its val/ run) on one chart
-    assert shown("loss: train vs val") == {("", "learning/loss"), ("", "metrics/loss_epoch"),
-                                          ("/val", "learning/loss")}  # fmt: skip
-    assert shown("accuracy: train vs val") == {("", "learning/acc"), ("/val", "learning/acc"),
-                                              ("/val", "metrics/acc_best")}  # fmt: skip
-    assert shown("learning rate") == {("", "vitals/lr")}
-    assert shown("gradient norm (total, before clipping)") == {("", "vitals/grad_norm/total")}
-    assert shown("throughput (samples/s)") == {("", "vitals/perf/samples_per_sec")}
-    assert shown("share of step time waiting for data") == {("", "vitals/perf/data_wait_share")}
+    # training vs validation on one chart, the names as logged (the task's charts too)
+    assert shown("loss: train vs val") == {f"{GROUP}/train/loss_step", f"{GROUP}/val/loss",
+                                          f"{GROUP}/train/loss_epoch"}  # fmt: skip
+    assert shown("accuracy: train vs val") == {f"{GROUP}/train/acc", f"{GROUP}/val/acc",
+                                              f"{GROUP}/val/acc_best"}  # fmt: skip
+    assert shown("learning rate") == {"vitals/lr"}
+    assert shown("gradient norm (total, before clipping)") == {"vitals/grad_norm/total"}
+    assert shown("throughput (samples/s)") == {"vitals/perf/samples_per_sec"}
+    assert shown("share of step time waiting for data") == {"vitals/perf/data_wait_share"}
 
 
 def test_grad_norm_total_comes_first_and_layers_say_their_type(server: str) -> None:
@@ -221,16 +224,19 @@ def test_hparams_one_typed_session_per_run(server: str) -> None:
     assert infos["model.optimizer.lr"]["type"] == "DATA_TYPE_FLOAT64"
     assert infos["trainer.precision"]["type"] == "DATA_TYPE_STRING"
     # The chosen results only, in the order TensorBoard shows them (it ticks the first five
-    # and colours the parallel coordinates by the first): the monitor's best, the other final
-    # val/test values, then the performance summary. No curves, no per-layer norms.
+    # and draws parallel coordinates through the sessions that have all five): what every task
+    # has (the loss, the performance summary), then the task's own. No curves, no layer norms.
     metrics = [m["name"]["tag"] for m in exp["metricInfos"]]
     assert all(m["name"]["group"] == "" for m in exp["metricInfos"])
-    assert metrics[0] == "verdict/best/val/acc"
-    assert metrics[1:5] == ["verdict/final/test/acc", "verdict/final/test/loss",
-                            "verdict/final/val/acc", "verdict/final/val/loss"]  # fmt: skip
+    assert metrics[:2] == ["verdict/loss/test", "verdict/loss/val"]
+    perf = [m for m in metrics if m.startswith("verdict/perf/")]
+    assert metrics[2 : 2 + len(perf)] == perf and len(perf) >= 3
     assert {"verdict/perf/samples_per_sec", "verdict/perf/data_wait_share",
-            "verdict/perf/host_peak_rss_gb"} <= set(metrics[5:])  # fmt: skip
-    assert all(m.startswith("verdict/perf/") for m in metrics[5:])
+            "verdict/perf/host_peak_rss_gb"} <= set(perf)  # fmt: skip
+    own = metrics[2 + len(perf) :]
+    assert {f"verdict/task/{GROUP}/val/acc_best", f"verdict/task/{GROUP}/test/acc",
+            f"verdict/task/{GROUP}/val/acc"} <= set(own)  # fmt: skip
+    assert all(m.startswith(f"verdict/task/{GROUP}/") for m in own)
 
     groups = session_groups(server)
     assert len(groups) == 3 and all(len(g["sessions"]) == 1 for g in groups)  # resumed: once
@@ -249,7 +255,8 @@ def test_hparams_one_typed_session_per_run(server: str) -> None:
         assert session["status"] == "STATUS_SUCCESS"
         assert 0 < session["startTimeSecs"] < session["endTimeSecs"]
         values = {m["name"]["tag"]: m["value"] for m in session["metricValues"]}
-        assert 0 <= values["verdict/final/test/acc"] <= 1
+        assert 0 <= values[f"verdict/task/{GROUP}/test/acc"] <= 1
+        assert values["verdict/loss/test"] > 0 and values["verdict/loss/val"] > 0
         assert values["verdict/perf/samples_per_sec"] > 0
 
 
@@ -273,17 +280,17 @@ def pinned_in(printed: str) -> list[str]:
     """The tags the printed `view` link pins."""
     (url,) = [ln.split()[1] for ln in printed.splitlines() if ln.startswith("view ")]
     query = urllib.parse.urlparse(url).query
+    assert urllib.parse.parse_qs(query)["smoothing"] == ["0"]  # a few val points as they are
     cards = json.loads(urllib.parse.parse_qs(query)["pinnedCards"][0])
     assert all(card["plugin"] == "scalars" for card in cards)
     return [card["tag"] for card in cards]
 
 
-def test_the_printed_view_pins_loss_and_the_monitor_first(server: str) -> None:
-    # the loss, then the monitored metric: each training (the run) vs validation (its val/)
+def test_the_printed_view_pins_the_monitor_and_the_loss_first(server: str) -> None:
+    # the monitored metric, then the loss, as logged in the task's group
     pinned = pinned_in(PRINTED[0])
-    assert pinned == ["learning/loss", "learning/acc"]
-    run = cli_runs(server)[0]
-    assert set(pinned) <= tags_of(server, run) & tags_of(server, run + "/val")
+    assert pinned == [f"{GROUP}/val/acc", f"{GROUP}/val/loss"]
+    assert all(set(pinned) <= tags_of(server, run) for run in runs(server))
 
 
 def rendered(url: str) -> str:
@@ -313,19 +320,19 @@ needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None,
 
 @pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
 @needs_chromium
-def test_time_series_opens_on_train_vs_val_loss_and_the_monitor(server: str) -> None:
+def test_time_series_opens_on_the_tasks_own_charts(server: str) -> None:
     page = rendered(server + "/#timeseries")  # as `make tensorboard` opens it: no link state
     groups = re.findall(r'class="group-title" title="([^"]+)"', page)
-    assert groups == ["learning", "metrics", "verdict", "vitals"], page[-2000:]
-    # The two groups TensorBoard opens (the first two) are drawn; the rest stay closed.
+    assert groups == [GROUP, "verdict", "vitals"], page[-2000:]
+    # The task's group opens first: its training and validation curves under the names logged,
+    # each card a line per run (no val/ run beside it: one colour per run on every card).
     cards = cards_and_runs(page)
     tags = [tag for tag, _ in cards]
-    assert tags[:2] == ["learning/acc", "learning/loss"], tags
-    assert all(t.startswith(("learning/", "metrics/")) for t in tags), tags
-    # Each of the first two: a training line (the run) and a validation line (its val/ run).
-    for tag, rows in cards[:2]:
-        for run in cli_runs(server):
-            assert run in rows and f"{run}/val" in rows, (tag, rows)
+    wanted = ["train/loss_step", "val/loss", "val/acc", "train/acc", "val/acc_best"]
+    assert {f"{GROUP}/{name}" for name in wanted} <= set(tags), tags
+    for tag, rows in cards:
+        if tag.startswith(f"{GROUP}/"):
+            assert sorted(rows) == sorted(runs(server)), (tag, rows)
 
 
 @pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
@@ -385,27 +392,55 @@ def test_compared_hparams_typed_without_plumbing() -> None:
     assert len(many) == MAX_HPARAMS
 
 
-def test_tensorboard_names_read_back_as_logged() -> None:
-    from fasttrain.callbacks.board import logged_name, tensorboard_pattern, tensorboard_place
+def test_tensorboard_names_are_the_names_logged() -> None:
+    from fasttrain.callbacks.board import (
+        logged_name,
+        task_group,
+        tensorboard_pattern,
+        tensorboard_tag,
+    )
+    from fasttrain.models import Classifier, LanguageModel
 
-    # the phase is the run, the group what the chart is; the monitor's chart is a `learning/` one
-    placed = {name: tensorboard_place(name, "val/mse") for name in (
-        "train/loss_step", "val/loss", "train/mse", "val/mse", "val/mse_best", "train/loss_epoch",
-        "val/r2", "lr", "lr/1", "perf/samples_per_sec", "grad_norm/total",
-        "grad_norm_layers/net.fc.weight", "debug/mine", "test/mse", "final/val/mse")}  # fmt: skip
-    assert placed["train/loss_step"] == ("", "learning/loss")
-    assert placed["val/loss"] == ("val", "learning/loss")
-    assert placed["train/mse"] == ("", "learning/mse")
-    assert placed["val/mse"] == ("val", "learning/mse")
-    assert placed["val/mse_best"] == ("val", "metrics/mse_best")
-    assert placed["train/loss_epoch"] == ("", "metrics/loss_epoch")
-    assert placed["val/r2"] == ("val", "metrics/r2")
-    assert placed["lr/1"] == ("", "vitals/lr/1") and placed["debug/mine"] == ("", "debug/mine")
-    assert placed["test/mse"] is None and placed["final/val/mse"] is None
-    for name, place in placed.items():
-        if place:
-            assert logged_name(*place) == name
-    # Another monitor moves its metric into the opened group; the loss stays there.
-    assert tensorboard_place("val/acc", "val/acc") == ("val", "learning/acc")
-    assert tensorboard_place("val/acc", "val/loss") == ("val", "metrics/acc")
-    assert tensorboard_pattern(r"^val/mse(_best)?$") == r"^(learning|metrics)/mse(_best)?$"
+    names = ("train/loss_step", "val/loss", "train/mse", "val/mse", "val/mse_best",
+             "train/loss_epoch", "val/r2", "lr", "lr/1", "perf/samples_per_sec",
+             "grad_norm/total", "grad_norm_layers/net.fc.weight", "debug/mine")  # fmt: skip
+    shown = {name: tensorboard_tag(name, "regressor") for name in names}
+    assert shown["val/mse"] == "regressor/val/mse" and shown["debug/mine"] == "regressor/debug/mine"
+    assert shown["lr/1"] == "vitals/lr/1" and shown["grad_norm/total"] == "vitals/grad_norm/total"
+    assert all(logged_name(tag) == name for name, tag in shown.items() if tag)
+    assert tensorboard_tag("test/mse", "regressor") is None
+    assert tensorboard_tag("final/val/mse", "regressor") is None
+    assert re.search(tensorboard_pattern(r"^val/mse(_best)?$"), "regressor/val/mse_best")
+    assert not re.search(tensorboard_pattern(r"^val/mse$"), "regressor/train/mse")
+    # The task's group: its class in snake case, whoever wrote it.
+    assert (
+        task_group(Classifier.__new__(Classifier)),
+        task_group(LanguageModel.__new__(LanguageModel)),
+    ) == ("classifier", "language_model")
+    MNISTLitModule = type("MNISTLitModule", (), {})
+    assert task_group(MNISTLitModule()) == "mnist_lit_module"
+
+
+def test_results_every_task_has_come_first_in_a_folder_of_mixed_tasks() -> None:
+    from fasttrain.callbacks.board import verdict_tag
+
+    logged = {
+        "classifier": ["val/loss", "val/acc", "val/acc_best", "test/loss", "test/acc"],
+        "regressor": ["val/loss", "val/mse", "val/mse_best", "val/r2", "test/loss", "test/mse"],
+        "language_model": ["val/loss", "val/bpb", "val/bpb_best", "test/loss", "test/acc"],
+    }  # fmt: skip
+    perf = ["final/perf/samples_per_sec", "final/perf/data_wait_share",
+            "final/perf/step_time_ms_median", "final/perf/host_peak_rss_gb"]  # fmt: skip
+    sessions = {task: {verdict_tag(n, task) for n in [*names, *perf]} - {None}
+                for task, names in logged.items()}  # fmt: skip
+    columns = sorted(set().union(*sessions.values()))
+    # TensorBoard shows the first five columns and draws a session only if it has all five.
+    assert all(set(columns[:5]) <= tags for tags in sessions.values()), columns[:5]
+    assert columns[:2] == ["verdict/loss/test", "verdict/loss/val"]
+    # Same name, other meaning: a classifier's test/acc and a language model's token accuracy.
+    assert {"verdict/task/classifier/test/acc", "verdict/task/language_model/test/acc"} <= set(
+        columns
+    )
+    assert verdict_tag("val/acc") == "verdict/task/task/val/acc"  # outside a run: a plain group
+    assert verdict_tag("perf/samples_per_sec") is None  # a window's value, not the summary
+    assert verdict_tag("train/loss_step", "classifier") is None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, final_metrics, run_cli, run_dirs, scalars, verdict
+from conftest import REPO, final_metrics, run_cli, run_dirs, scalars, session_hparams, verdict
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,12 @@ def test_tensorboard_events_hold_val_and_test_accuracy(default_run: Path) -> Non
     assert len(tags["val/acc"]) == 15  # one per epoch (trainer.max_epochs)
     # Test values are single points: among the run's results (HPARAMS), not its curves.
     assert not any(name.startswith("test/") for name in tags)
-    test_acc = verdict(default_run)["verdict/final/test/acc"]
+    test_acc = verdict(default_run)["verdict/task/classifier/test/acc"]
     assert test_acc == [pytest.approx(final_metrics(default_run)["test/acc"])]
+    # A default run's HPARAMS session names its data and model options like an override would
+    # (parallel coordinates skip a session that lacks a shown column).
+    hparams = session_hparams(default_run)
+    assert (hparams["data"], hparams["model"]) == ("digits", "cnn")
 
 
 def test_checkpoint_loads_with_weights_only(default_run: Path) -> None:

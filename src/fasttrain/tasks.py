@@ -59,7 +59,7 @@ def train(cfg: Any) -> dict[str, float]:
     board.end_session(trainer.loggers, final, trainer.global_step)
     trackers.record_end(trainer.loggers, final, trainer.global_step, best or None)
     monitor = getattr(model, "monitor", None)
-    pinned = board.pinned_tags(monitor, metrics)  # of the values the run logged
+    pinned = board.pinned_tags(monitor, metrics, board.task_group(model))  # of those logged
     report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir, monitor=monitor,
            more=trackers.commands(trainer.loggers), pinned=pinned,
            exportable=not missing_methods(model, Exportable))  # fmt: skip

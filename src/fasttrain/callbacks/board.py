@@ -1,29 +1,32 @@
 """What TensorBoard shows of a run, arranged so that it answers the usual questions at a glance.
 
 - `RunLogger`: Lightning's TensorBoardLogger writing its events into the run folder itself, so
-  TensorBoard lists the run as `<task>/<time>_<overrides>`; without Lightning's `epoch` scalar
-  (the Time Series page would open on its staircase); with a Custom Scalars layout (`LAYOUT`:
-  train vs val loss and accuracy on one chart each, throughput, data wait, memory, learning
-  rate, total gradient norm).
+  TensorBoard lists the run as `<entry>/<run_name>` (`train/2026-01-31_12-00-00_seed=1`), its
+  training and validation curves in that one run (one colour per run); without Lightning's
+  `epoch` scalar (the Time Series page would open on its staircase); with a Custom Scalars
+  layout (`LAYOUT`: train vs val loss and the task's own charts, throughput, data wait, memory,
+  learning rate, total gradient norm).
 - `LearningRate`: the learning rate, the one place it is logged.
 - `start_session` / `end_session`: the run's HPARAMS session, in a run of its own
   (`<run>/hparams`), written when the run starts (a killed run is listed too) and closed at its
   last step.
 - `compared_hparams`: what that session lists: the knobs people compare and the overrides.
 
-What the Time Series page opens on. TensorBoard draws one chart per tag, a line per run; it
-sorts tag groups (a tag's part before its first `/`) by name and expands the first two. So
-TensorBoard files a run's scalars (`tensorboard_place`) as Keras does, the phase as a run and
-the quantity as the tag, and names the groups so that the two it opens are the answer:
-- `learning/`: the loss and the task's monitored metric, training (the run folder's own events;
-  the per-step loss) vs validation (`<run>/val`) on one chart each;
-- `metrics/`: the task's other curves (`metrics/loss_epoch`, `metrics/<monitor>_best`, ...);
-- `verdict/`: the run's results, the HPARAMS tab's metrics, in the session's run (`verdict_tag`):
-  `verdict/best/<monitor>` (the `<monitor>_best` value) first, then `verdict/final/{val,test}/*`,
-  then `verdict/perf/*` (TensorBoard lists a session's metrics by name, shows the first five
-  and colours by the first). The session's run holds nothing else, so per-layer norms and
-  other curves stay out of that list; test values are single points, so they are only there;
-- `vitals/`: fasttrain's run-health scalars (`perf/*`, `grad_norm*/*`, `lr`).
+One naming scheme: a scalar is shown under the name it was logged by, filed in a group that
+says whose it is (`tensorboard_tag`). TensorBoard draws one chart per tag, a line per run, sorts
+tag groups (a tag's part before its first `/`) by name and expands the first two; so:
+- `<task>/`: what the task logged (`classifier/train/loss_step`, `classifier/val/acc`, ...),
+  the group named after the task's class (`task_group`: Classifier -> classifier), so that each
+  task's runs have charts of their own and a language model's loss never squashes a
+  classifier's;
+- `vitals/`: fasttrain's run-health scalars, shared by every task (`vitals/perf/*`,
+  `vitals/grad_norm/total`, `vitals/lr`);
+- `verdict/`: the run's results, the HPARAMS tab's metrics, in the session's run only
+  (`verdict_tag`). TensorBoard lists a session's metrics by name, shows the first five and
+  draws parallel coordinates only through the sessions that have all of them: so what every
+  task has comes first (`verdict/loss/{test,val}`, `verdict/perf/*`), the task's own values
+  after it (`verdict/task/<task>/val/acc_best`, ...), and a log folder of mixed tasks still
+  draws. Test values are single points, so they are only there.
 Other trackers (CSV, MLflow, W&B) keep the names as logged; so does the run's `metrics.json`.
 
 One step convention for every scalar: x is the number of optimizer steps completed when the
@@ -49,10 +52,14 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 Value = bool | int | float | str
 
-# Custom Scalars: categories and charts in the order shown; each chart a list of tag regexes.
+# Custom Scalars: categories and charts in the order shown; each chart a list of tag regexes,
+# `[^/]+/` standing for the task's group (one layout serves every task).
 LAYOUT: dict[str, dict[str, list[Any]]] = {
     "training": {
-        "loss: train vs val": ["Multiline", [r"^learning/loss$", r"^metrics/loss_epoch$"]],
+        "loss: train vs val": [
+            "Multiline",
+            [r"^[^/]+/train/loss_step$", r"^[^/]+/train/loss_epoch$", r"^[^/]+/val/loss$"],
+        ],
         "learning rate": ["Multiline", [r"^vitals/lr(/.*)?$"]],
         "gradient norm (total, before clipping)": ["Multiline", [r"^vitals/grad_norm/total$"]],
     },
@@ -76,8 +83,8 @@ CUDA_LAYOUT: dict[str, list[Any]] = {
 def layout(
     cuda: bool, charts: Mapping[str, Sequence[str]] | None = None
 ) -> dict[str, dict[str, list[Any]]]:
-    """The Custom Scalars layout of a run: the task's `charts` (title -> tag regexes) after the
-    loss chart; the memory and MFU charts where they are logged."""
+    """The Custom Scalars layout of a run: the task's `charts` (title -> regexes over the names
+    it logs) after the loss chart; the memory and MFU charts where they are logged."""
     loss, *rest = LAYOUT["training"].items()
     own = [(title, ["Multiline", [tensorboard_pattern(t) for t in tags]])
            for title, tags in (charts or {}).items()]  # fmt: skip
@@ -91,75 +98,64 @@ def layout(
 SESSION_RUN = "hparams"
 # fasttrain's run-health scalars (fasttrain.callbacks.perf, grad_health; LearningRate).
 VITALS = ("perf/", "grad_norm/", "grad_norm_layers/", "lr/")
+# The group of a run whose task is not known (a logger used outside build_run).
+DEFAULT_GROUP = "task"
 
 
-def tensorboard_place(name: str, monitor: str | None = None) -> tuple[str, str] | None:
-    """(run, tag) of a logged scalar in TensorBoard: run "" is the run folder, "val" its
-    `val/` subfolder; None: shown in the session's run only (test values and `final/*`).
-    train/loss_step -> ("", "learning/loss"); val/<m> -> ("val", "learning/<m>") when the
-    monitor is val/<m>, else ("val", "metrics/<m>"); val/<m>_best -> ("val", "metrics/<m>_best");
-    lr -> ("", "vitals/lr"); a group of the user's own (`debug/x`) stays as logged."""
+def task_group(model: Any) -> str:
+    """The TensorBoard group of a task's values: its class name in snake case (Classifier ->
+    classifier, LanguageModel -> language_model, a user's MNISTLitModule -> mnist_lit_module)."""
+    name = type(model).__name__
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def tensorboard_tag(name: str, group: str = DEFAULT_GROUP) -> str | None:
+    """The TensorBoard tag of a logged scalar, in the run folder: the name as logged, in the
+    task's `group` (val/acc -> classifier/val/acc), or in `vitals/` for run health (lr ->
+    vitals/lr, perf/x -> vitals/perf/x); None: shown in the session's run only (test values
+    and `final/*`)."""
     if name.startswith(("test/", "final/")):
         return None
     if name == "lr" or name.startswith(VITALS):
-        return "", f"vitals/{name}"
-    phase, _, quantity = name.partition("/")
-    if phase not in ("train", "val") or not quantity:
-        return "", name
-    if quantity == "loss_step":  # the per-step loss: the training line of the loss chart
-        quantity = "loss"
-    answer = {"loss", (monitor or "").partition("/")[2]}
-    group = "learning" if quantity in answer else "metrics"
-    return ("" if phase == "train" else "val"), f"{group}/{quantity}"
+        return f"vitals/{name}"
+    return f"{group}/{name}"
 
 
 def tensorboard_pattern(pattern: str) -> str:
-    """A chart's tag regex over logged names (`^val/mse(_best)?$`) as one over TensorBoard's
-    tags (`^(learning|metrics)/mse(_best)?$`: the phase is the run)."""
-    return re.sub(r"^\^(train|val)/", "^(learning|metrics)/", pattern)
+    """A chart's regex over logged names (`^val/mse(_best)?$`) as one over TensorBoard's tags
+    (`^[^/]+/val/mse(_best)?$`: any group, the name as logged after it)."""
+    return "^[^/]+/" + pattern.removeprefix("^")
 
 
-def logged_name(subrun: str, tag: str) -> str:
-    """The name a scalar was logged under, from where TensorBoard holds it (the inverse of
-    `tensorboard_place`): ("val", "learning/<m>") -> val/<m>, ("", "learning/loss") ->
-    train/loss_step, ("", "vitals/lr") -> lr."""
-    if tag.startswith("vitals/"):
-        return tag.removeprefix("vitals/")
-    group, _, quantity = tag.partition("/")
-    if group not in ("learning", "metrics"):
-        return tag
-    if subrun == "val":
-        return f"val/{quantity}"
-    return "train/loss_step" if tag == "learning/loss" else f"train/{quantity}"
+def logged_name(tag: str) -> str:
+    """The name a scalar was logged under, from its TensorBoard tag (the group dropped):
+    classifier/val/acc -> val/acc, vitals/lr -> lr."""
+    return tag.partition("/")[2] or tag
 
 
 def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
-    """A run's TensorBoard curves (its folder and its val/ run) by the name logged ->
-    (step, value) in step order; the results are in `<run>/hparams` (`verdict/*`)."""
+    """A run's TensorBoard curves by the name logged -> (step, value) in step order; the
+    results are in `<run>/hparams` (`verdict/*`)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    found: dict[str, list[tuple[int, float]]] = {}
-    for subrun in ("", "val"):
-        folder = os.path.join(run_dir, subrun)
-        if not os.path.isdir(folder):
-            continue
-        acc = EventAccumulator(folder, size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            found[logged_name(subrun, tag)] = [(e.step, e.value) for e in acc.Scalars(tag)]
-    return found
+    acc = EventAccumulator(os.fspath(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {logged_name(t): [(e.step, e.value) for e in acc.Scalars(t)]
+            for t in acc.Tags()["scalars"]}  # fmt: skip
 
 
-def verdict_tag(name: str) -> str | None:
-    """The session's metric a logged scalar is, or None: val/<m>_best -> verdict/best/val/<m>;
-    val/<m>, test/<m> (and their final/ values) -> verdict/final/...; final/perf/x (the run's
-    performance summary) -> verdict/perf/x."""
+def verdict_tag(name: str, group: str = DEFAULT_GROUP) -> str | None:
+    """The session's metric a logged scalar is, or None: what every task has first, val/loss and
+    test/loss (and their final/ values) -> verdict/loss/{val,test}, final/perf/x (the run's
+    performance summary) -> verdict/perf/x; then the task's own: val/<m>, val/<m>_best, test/<m>
+    -> verdict/task/<group>/<name> (a classifier's test/acc and a language model's token
+    accuracy are two columns)."""
     final = name.startswith("final/")
     name = name.removeprefix("final/")
-    if name.startswith("val/") and name.endswith("_best"):
-        return "verdict/best/" + name.removesuffix("_best")
+    if name in ("val/loss", "test/loss"):
+        return "verdict/loss/" + name.partition("/")[0]
     if name.startswith(("val/", "test/")):
-        return "verdict/final/" + name
+        return f"verdict/task/{group}/{name}"
     if final and name.startswith("perf/"):  # the run's summary, not every window's value
         return "verdict/" + name
     return None
@@ -168,7 +164,7 @@ def verdict_tag(name: str) -> str | None:
 class RunLogger(TensorBoardLogger):
     """TensorBoardLogger writing into `save_dir` itself (no name/version subfolders), without the
     `epoch` scalar Lightning adds to every logging call, with the Custom Scalars layout, and the
-    tags filed as the module's docstring says (the session's values in `save_dir/hparams`).
+    tags named as the module's docstring says (the session's values in `save_dir/hparams`).
 
     Args:
         save_dir: the run folder.
@@ -180,25 +176,23 @@ class RunLogger(TensorBoardLogger):
         # No `hp_metric` scalar of -1: the HPARAMS session is start_session's.
         super().__init__(save_dir, name="", version="", log_graph=log_graph,
                          default_hp_metric=False, flush_secs=flush_secs)  # fmt: skip
-        # The task's own charts (fasttrain.models.task `charts`), set by whoever builds the run
-        # (fasttrain.assemble.build_run) before the first event is written.
+        # Set by whoever builds the run (fasttrain.assemble.build_run) before the first event
+        # is written: the task's own charts (fasttrain.models.task `charts`), its monitored
+        # metric and its group (`task_group`).
         self.task_charts: dict[str, list[str]] = {}
-        self.monitor: str | None = None  # the task's monitored metric, set there too
-        self._subruns: dict[str, Any] = {}  # subfolder -> its SummaryWriter, on rank zero
+        self.monitor: str | None = None
+        self.group = DEFAULT_GROUP
+        self._session: Any = None  # the session run's SummaryWriter, on rank zero
         self._verdict_steps: dict[str, int] = {}  # tag -> the step last written
-
-    def subrun(self, name: str) -> Any:
-        """The SummaryWriter of the run `save_dir/<name>` (`val`, `hparams`)."""
-        if name not in self._subruns:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._subruns[name] = SummaryWriter(os.path.join(self.save_dir, name), **self._kwargs)
-        return self._subruns[name]
 
     @property
     def session_writer(self) -> Any:
         """The SummaryWriter of the HPARAMS session's run (`save_dir/hparams`)."""
-        return self.subrun(SESSION_RUN)
+        if self._session is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._session = SummaryWriter(os.path.join(self.save_dir, SESSION_RUN), **self._kwargs)
+        return self._session
 
     @property
     def experiment(self) -> Any:
@@ -212,21 +206,17 @@ class RunLogger(TensorBoardLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        by_run: dict[str, dict[str, Any]] = {"": {}, "val": {}}
+        curves: dict[str, Any] = {}
         results: dict[str, Any] = {}
         for name, value in metrics.items():
-            place = tensorboard_place(name, self.monitor) if name != "epoch" else None
-            if place:
-                by_run[place[0]][place[1]] = value
-            result = verdict_tag(name)
+            tag = tensorboard_tag(name, self.group) if name != "epoch" else None
+            if tag:
+                curves[tag] = value
+            result = verdict_tag(name, self.group)
             if result:
                 results[result] = value
-        if by_run[""]:
-            super().log_metrics(by_run[""], step)
-        if by_run["val"]:  # Lightning's logger connector hands plain numbers
-            writer = self.subrun("val")
-            for tag, value in by_run["val"].items():
-                writer.add_scalar(tag, float(value), step)
+        if curves:
+            super().log_metrics(curves, step)
         if results:
             self._log_verdict(results, step or 0)
 
@@ -243,9 +233,9 @@ class RunLogger(TensorBoardLogger):
     @rank_zero_only
     def finalize(self, status: str) -> None:
         super().finalize(status)
-        for writer in self._subruns.values():
-            writer.close()
-        self._subruns.clear()
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
 
 class LearningRate(L.Callback):
@@ -346,18 +336,22 @@ def _typed(value: Any) -> Value:
     return value if isinstance(value, (bool, int, float, str)) else str(value)
 
 
-def pinned_tags(monitor: str | None, logged: Collection[str]) -> list[str]:
-    """The charts the printed `view` link pins: the loss, then the monitored metric (each
-    training vs validation), of the values the run logged."""
-    wanted = ["val/loss", monitor] if monitor and monitor != "val/loss" else ["val/loss"]
-    tags = [tensorboard_place(name, monitor) for name in wanted if name in logged]
-    return [place[1] for place in tags if place]
+def pinned_tags(
+    monitor: str | None, logged: Collection[str], group: str = DEFAULT_GROUP
+) -> list[str]:
+    """The charts the printed `view` link pins, of the values the run logged: the monitored
+    metric, the validation loss, then the training loss per step."""
+    wanted = dict.fromkeys(name for name in (monitor, "val/loss", "train/loss_step") if name)
+    return [f"{group}/{name}" for name in wanted if name in logged]
 
 
 def view_url(tags: Sequence[str], port: int = 6006) -> str:
-    """TensorBoard's Time Series page with `tags` pinned first (its `pinnedCards` link)."""
+    """TensorBoard's Time Series page with `tags` pinned first (its `pinnedCards` link), curves
+    unsmoothed (TensorBoard's default of 0.6 misreports a curve of a few validation points)."""
     cards = json.dumps([{"plugin": "scalars", "tag": t} for t in tags], separators=(",", ":"))
-    return f"http://127.0.0.1:{port}/?pinnedCards={urllib.parse.quote(cards)}#timeseries"
+    return (
+        f"http://127.0.0.1:{port}/?smoothing=0&pinnedCards={urllib.parse.quote(cards)}#timeseries"
+    )
 
 
 def trial_id(run_name: str) -> str:
@@ -429,9 +423,12 @@ def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
         overrides = [o for o in hc.overrides.task if _key(o) not in excluded]
     batch = OmegaConf.select(cfg, "data.batch_size")
     extra: dict[str, Any] = {}
-    choice = HydraConfig.get().runtime.choices.get("data") if HydraConfig.initialized() else None
-    if choice:  # the data set by its option's name ("digits"), else by its class
-        extra["data"] = choice
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    for group in ("data", "model"):
+        # By the option's name ("digits", "cnn"), given or not: parallel coordinates draw only
+        # the sessions that have every column shown, so a default run has these columns too.
+        if choices.get(group):
+            extra[group] = choices[group]
     tags = run_tags(cfg.get("tags"))
     if tags:  # one column, as typed: tags=[a,b] -> "a,b"
         extra["tags"] = ",".join(tags)

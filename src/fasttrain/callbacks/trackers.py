@@ -8,8 +8,8 @@ steps completed), without Lightning's `epoch` scalar.
 MLflow's pages are its own, so the run records what they show well: the experiment is marked as
 model training (EXPERIMENT_KIND), not GenAI; the final values are the latest values of the metrics
 themselves (the runs table's and the run page's numbers), not `final/*` metrics, each a chart of
-one point heading the run page; the composed config and the performance summary are artifacts;
-`view_url` opens the experiment on its runs.
+one point heading the run page, and the run's Description tables them (NOTE_TAG); the composed
+config and the performance summary are artifacts; `view_url` opens the experiment on its runs.
 
 Both stay on this machine by default: MLflow writes a SQLite tracking database under `logs/`
 (`mlflow ui --backend-store-uri ...` shows it, the command printed at the end of a run); W&B runs
@@ -67,6 +67,8 @@ CONFIG_FILES = (".hydra/config.yaml", ".hydra/overrides.yaml")
 CONFIG_ARTIFACTS = "config"
 SUMMARY_FILES = ("perf_summary.json",)
 CHECKPOINT_ARTIFACTS = "checkpoint"  # the best checkpoint's file, with log_model=true
+# The run's Description on its page (MLflow's own tag), written by record_end
+NOTE_TAG, NOTE_HEAD = "mlflow.note.content", "Final values (fasttrain):"
 # The ids MLflow gives runs (uuid4 hex): what is read back from RUN_ID_FILE must be one.
 _MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")
 _MLFLOW_UNSAFE = re.compile(r"[^a-zA-Z0-9_/. -]+")
@@ -204,6 +206,9 @@ class MLflowRun(MLFlowLogger):
         runs table's columns, the run page's table): no `final/*` copies. The performance
         summary is an artifact (perf_summary.json), the best checkpoint's path a tag."""
         self._log_files(SUMMARY_FILES, None)
+        kept = self.experiment.get_run(self.run_id).data.tags.get(NOTE_TAG, "")
+        if not kept or kept.startswith(NOTE_HEAD):  # a description written in the UI stays
+            self.experiment.set_tag(self.run_id, NOTE_TAG, _note(final))
         if checkpoint:
             self.experiment.set_tag(self.run_id, "checkpoint", str(Path(checkpoint).absolute()))
             if self._upload_best:
@@ -228,6 +233,13 @@ class MLflowRun(MLFlowLogger):
 
 MLFLOW_UI_ARGS = "--host 127.0.0.1 --port 5000 --workers 1"
 MLFLOW_UI_URL = "http://127.0.0.1:5000"
+
+
+def _note(final: Mapping[str, float]) -> str:
+    """The run page's Description, above its metrics: the final test and val values."""
+    shown = sorted((k for k in final if k.startswith(("test/", "val/"))), key=lambda k: (k[0], k))
+    rows = [f"| {k} | {float(final[k]):.4g} |" for k in shown]
+    return "\n".join([NOTE_HEAD, "", "| metric | value |", "|---|---|", *rows])
 
 
 def _mark_model_training(client: Any, experiment_id: str) -> None:

@@ -2,11 +2,15 @@
 
     python bench/tensorboard_view.py          # writes bench/results/tensorboard/*.png
 
-Two short runs that differ (SmallCNN and MLP on digits, 3 epochs each) in a temporary folder,
-a TensorBoard server on 127.0.0.1 over them, then Chromium (`apt install chromium`) on the
-Time Series page (1400 x 1100) and on HPARAMS (2800 wide, to show its metric columns), no
-link state: what `make tensorboard` opens. Headless Chromium often leaves the chart lines
-undrawn (axes and legends are there); tests/test_tensorboard.py checks the pages' structure.
+Four short runs of three tasks in a temporary folder (SmallCNN and MLP on digits, a regressor
+on diabetes, a GPT on the text corpus), a TensorBoard server on 127.0.0.1 over them, then
+Chromium (`apt install chromium`) on the Time Series page (1400 x 1100) and on HPARAMS (2800
+wide, to show its metric columns), no link state: what `make tensorboard` opens. The parallel
+coordinates are a click away on HPARAMS, so that one needs Playwright driving the same
+Chromium (`pip install playwright`, in any Python: `python bench/tensorboard_view.py` run by
+that Python trains with the repository's .venv); without it that screenshot is left out, and
+Chromium's own `--screenshot` often leaves the chart lines undrawn (axes and legends are
+there). tests/test_tensorboard.py checks the pages' structure.
 """
 
 from __future__ import annotations
@@ -22,10 +26,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "tensorboard"
-RUNS = (["model=mlp"], [])
+RUNS = (
+    [],
+    ["model=mlp"],
+    ["model=regressor", "data=diabetes", "trainer.max_epochs=5"],
+    ["model=gpt", "data=text", "trainer.max_steps=60", "trainer.val_check_interval=30"],
+)
 COMMON = ["trainer.max_epochs=3", "data.num_workers=0"]
 # page -> (its address, the window): HPARAMS wide enough to show its metric columns
 PAGES = {"time_series": ("#timeseries", "1400,1100"), "hparams": ("#hparams", "2800,700")}
+# The repository's own environment trains the runs, whichever Python runs this script.
+VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 
 def free_port() -> int:
@@ -36,13 +47,15 @@ def free_port() -> int:
 
 def train(log_dir: Path) -> None:
     for extra in RUNS:
-        cmd = [sys.executable, "train.py", *COMMON, *extra, f"paths.log_dir={log_dir}"]
+        python = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
+        cmd = [python, "train.py", *COMMON, *extra, f"paths.log_dir={log_dir}"]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
 
 
 def serve(log_dir: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(log_dir),
+        [str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable, "-m", "tensorboard.main",
+         "--logdir", str(log_dir),
          "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -57,12 +70,34 @@ def serve(log_dir: Path, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("tensorboard did not answer within 60 s")
 
 
-def screenshot(url: str, window: str, path: Path) -> None:
-    subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={window}",
-         "--virtual-time-budget=20000", f"--screenshot={path}", url],
-        check=True, capture_output=True, timeout=180,
-    )  # fmt: skip
+def screenshot(url: str, window: str, path: Path, click: str | None = None) -> bool:
+    """The page at `url` as Chromium renders it: through Playwright where it is installed (it
+    waits for the charts to draw, and can click a tab first), else Chromium's own --screenshot
+    (no clicks: False where one is asked for)."""
+    width, height = (int(n) for n in window.split(","))
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if click:
+            return False
+        subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={window}",
+             "--virtual-time-budget=20000", f"--screenshot={path}", url],
+            check=True, capture_output=True, timeout=180,
+        )  # fmt: skip
+        return True
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"),
+                                     args=["--no-sandbox", "--disable-gpu"])  # fmt: skip
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(url)
+        page.wait_for_timeout(6000)
+        if click:
+            page.get_by_text(click).first.click()
+            page.wait_for_timeout(4000)
+        page.screenshot(path=str(path))
+        browser.close()
+    return True
 
 
 def main() -> None:
@@ -79,6 +114,12 @@ def main() -> None:
             for name, (page, window) in PAGES.items():
                 screenshot(f"http://127.0.0.1:{port}/{page}", window, OUT / f"{name}.png")
                 print(OUT / f"{name}.png")
+            coords = OUT / "parallel_coordinates.png"
+            url = f"http://127.0.0.1:{port}/#hparams"
+            if screenshot(url, "1600,1000", coords, click="PARALLEL COORDINATES"):
+                print(coords)
+            else:
+                print("parallel coordinates left out: needs Playwright (pip install playwright)")
         finally:
             server.terminate()
             server.wait(timeout=10)

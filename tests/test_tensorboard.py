@@ -368,7 +368,7 @@ def test_long_overrides_keep_every_value() -> None:
 
 
 def test_compared_hparams_typed_without_plumbing() -> None:
-    from fasttrain.callbacks.board import MAX_HPARAMS, compared_hparams
+    from fasttrain.callbacks.sessions import MAX_HPARAMS, compared_hparams
 
     config = {
         "seed": 1, "data": {"_target_": "a.DigitsDataModule", "batch_size": 64, "data_dir": "/d"},

@@ -28,14 +28,14 @@ def train(cfg: Any) -> dict[str, float]:
 
     from fasttrain import fit
     from fasttrain.assemble import build_run
-    from fasttrain.callbacks import board, trackers
+    from fasttrain.callbacks import board, sessions, trackers
     from fasttrain.checkpoints.resume import checkpoint_to_resume
     from fasttrain.distributed.multirun import share_job_with_ranks
     from fasttrain.models.protocols import Exportable, missing_methods
 
     trainer, model, datamodule = build_run(cfg)
-    hparams, trial = board.session_of(cfg, trainer)
-    board.start_session(trainer.loggers, hparams, trial)
+    hparams, trial = sessions.session_of(cfg, trainer)
+    sessions.start_session(trainer.loggers, hparams, trial)
     trackers.record_start(trainer.loggers, hparams)  # MLflow, W&B
     fit.set_matmul_precision(cfg.get("matmul_precision"))
     ckpt_path = checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)
@@ -55,8 +55,8 @@ def train(cfg: Any) -> dict[str, float]:
             model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
         )
         metrics.update(results[0] if results else {})
-    final = board.final_values(metrics, trainer)
-    board.end_session(trainer.loggers, final, trainer.global_step)
+    final = sessions.final_values(metrics, trainer)
+    sessions.end_session(trainer.loggers, final, trainer.global_step)
     trackers.record_end(trainer.loggers, final, trainer.global_step, best or None)
     monitor = getattr(model, "monitor", None)
     pinned = board.pinned_tags(monitor, metrics, board.task_group(model))  # of those logged

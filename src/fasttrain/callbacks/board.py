@@ -7,10 +7,8 @@
   layout (`LAYOUT`: train vs val loss and the task's own charts, throughput, data wait, memory,
   learning rate, total gradient norm).
 - `LearningRate`: the learning rate, the one place it is logged.
-- `start_session` / `end_session`: the run's HPARAMS session, in a run of its own
-  (`<run>/hparams`), written when the run starts (a killed run is listed too) and closed at its
-  last step.
-- `compared_hparams`: what that session lists: the knobs people compare and the overrides.
+- `pinned_tags` / `view_url`: the link a run prints, its loss and monitored metric pinned.
+The run's HPARAMS session (its own run, `<run>/hparams`) is fasttrain.callbacks.sessions'.
 
 One naming scheme: a scalar is shown under the name it was logged by, filed in a group that
 says whose it is (`tensorboard_tag`). TensorBoard draws one chart per tag, a line per run, sorts
@@ -41,16 +39,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import urllib.parse
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import lightning as L
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
-Value = bool | int | float | str
 
 # Custom Scalars: categories and charts in the order shown; each chart a list of tag regexes,
 # `[^/]+/` standing for the task's group (one layout serves every task).
@@ -264,78 +259,6 @@ class LearningRate(L.Callback):
             logger.log_metrics(values, step=step)
 
 
-# ---- HPARAMS -------------------------------------------------------------------------------
-# The knobs every session lists, by the override that sets them; a `_target_` is shown as its
-# class name ("AdamW"). Overrides that differ from the defaults come on top (`compared_hparams`).
-KNOBS = (
-    "data._target_", "data.batch_size", "model.net._target_", "model.optimizer._target_",
-    "model.optimizer.lr", "trainer.precision", "trainer.strategy", "trainer.devices",
-    "trainer.accumulate_grad_batches", "trainer.gradient_clip_val", "trainer.max_epochs", "seed",
-)  # fmt: skip
-MAX_HPARAMS = 25
-# Where files go and what only wires things together: never a column.
-_PLUMBING = re.compile(
-    r"(^|\.)(_target_|_partial_)$|^paths\.|^hydra\.|(^|[._])(dir|path|file|filename|dirpath)$"
-)
-
-
-def compared_hparams(config: Mapping[str, Any], overrides: Sequence[str] = (),
-                     extra: Mapping[str, Any] | None = None) -> dict[str, Value]:  # fmt: skip
-    """The HPARAMS columns of a run: `extra` (derived values, e.g. effective_batch_size), the
-    overrides given (`model/net=mlp` as the option's name, `key=value` as the config's typed
-    value), then the fixed KNOBS; at most MAX_HPARAMS, no `_target_`, paths or plumbing.
-
-    `config` is the resolved config as plain containers; values keep their type (bool, int,
-    float, str); a list becomes its text and a null is left out (shown as empty).
-    """
-    chosen: dict[str, Any] = dict(extra or {})
-    for key, option in _override_keys(overrides):
-        if key in chosen:  # given in `extra` already (the data set's name, the tags)
-            continue
-        value = _select(config, key)
-        # A group choice (`model/net=mlp`, or `model=mlp` for a top-level group whose node is
-        # the composed config): the option's name, not hundreds of characters of config.
-        if "/" in key or isinstance(value, Mapping):
-            chosen[key] = option
-        elif not _PLUMBING.search(key):
-            chosen[key] = value
-    for key in KNOBS:
-        value = _select(config, key)
-        if key.endswith("._target_") and value is not _MISSING:
-            key, value = key.removesuffix("._target_") or key, str(value).rsplit(".", 1)[-1]
-        chosen.setdefault(key, value)
-    typed = {k: _typed(v) for k, v in chosen.items() if v is not None and v is not _MISSING}
-    return dict(list(typed.items())[:MAX_HPARAMS])
-
-
-_MISSING = object()
-
-
-def _override_keys(overrides: Sequence[str]) -> list[tuple[str, str]]:
-    """(key, the value as typed) of each override (`model/net=mlp` -> ("model/net", "mlp"));
-    deletions (`~key`) left out, sweeps' syntax read by Hydra's own parser."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    found: list[tuple[str, str]] = []
-    for o in OverridesParser.create().parse_overrides(list(overrides)):
-        if not o.is_delete():
-            found.append((o.key_or_group, str(o.value())))
-    return found
-
-
-def _select(config: Mapping[str, Any], key: str) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
-def _typed(value: Any) -> Value:
-    return value if isinstance(value, (bool, int, float, str)) else str(value)
-
-
 def pinned_tags(
     monitor: str | None, logged: Collection[str], group: str = DEFAULT_GROUP
 ) -> list[str]:
@@ -352,108 +275,3 @@ def view_url(tags: Sequence[str], port: int = 6006) -> str:
     return (
         f"http://127.0.0.1:{port}/?smoothing=0&pinnedCards={urllib.parse.quote(cards)}#timeseries"
     )
-
-
-def trial_id(run_name: str) -> str:
-    """The HPARAMS table's "Trial ID": the run folder's name without the date, so that what
-    tells runs apart (the time to the second, then the overrides) shows at its default width:
-    `2026-01-31_12-00-00_seed=1` -> `12-00-00_seed=1`; a sweep job's `3_seed=1` stays."""
-    return re.sub(r"^\d{4}-\d{2}-\d{2}_", "", run_name)
-
-
-def _writers(loggers: Sequence[Logger]) -> list[Any]:
-    # The file writers of the HPARAMS session's run, on rank zero only: a RunLogger's session
-    # run, another TensorBoardLogger's own folder. torch's SummaryWriter has no public call that
-    # writes a prepared Summary; `_get_file_writer` is the one Lightning's own
-    # TensorBoardLogger.log_hyperparams uses (tests/test_tensorboard.py reads the sessions back,
-    # so a change there fails loudly).
-    if getattr(rank_zero_only, "rank", 0) != 0:
-        return []
-    tb = [lg for lg in loggers if isinstance(lg, TensorBoardLogger)]
-    writers = [lg.session_writer if isinstance(lg, RunLogger) else lg.experiment for lg in tb]
-    return [w._get_file_writer() for w in writers]
-
-
-def start_session(loggers: Sequence[Logger], hparams: Mapping[str, Value], trial: str) -> None:
-    """The HPARAMS session of this run, written before training: a run killed later is listed
-    too, its metrics as far as it got (RunLogger writes them as validation logs them). A
-    resumed run writes it again into the same folder; TensorBoard keeps the first, so the run
-    stays one session."""
-    from tensorboard.plugins.hparams.summary_v2 import hparams_pb
-
-    summary = hparams_pb(dict(hparams), trial_id=trial, start_time_secs=time.time())
-    for writer in _writers(loggers):
-        writer.add_summary(summary)
-        writer.flush()
-
-
-def end_session(loggers: Sequence[Logger], final: Mapping[str, float], step: int) -> None:
-    """The run's final values at its last step (the HPARAMS tab's metric columns: `verdict/*`
-    in TensorBoard), and the session closed as a success with its end time."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
-
-    for logger in loggers:
-        if isinstance(logger, TensorBoardLogger):
-            logger.log_metrics({f"final/{k}": float(v) for k, v in final.items()}, step=step)
-    end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
-    data = plugin_data_pb2.HParamsPluginData(session_end_info=end)
-    summary = Summary()
-    summary.value.add(tag=metadata.SESSION_END_INFO_TAG, tensor=metadata.NULL_TENSOR,
-                      metadata=metadata.create_summary_metadata(data))  # fmt: skip
-    for writer in _writers(loggers):
-        writer.add_summary(summary, global_step=step)
-        writer.flush()
-
-
-def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
-    """The HPARAMS columns and trial ID of the run `cfg` configures (the overrides as typed on
-    the command line, less those the run's name leaves out: paths, run_name, ...)."""
-    from pathlib import Path
-
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from fasttrain.config.settings import run_tags
-
-    overrides: list[str] = []
-    if HydraConfig.initialized():  # a command line; tests compose configs without one
-        hc = HydraConfig.get()
-        excluded = set(hc.job.config.override_dirname.exclude_keys)
-        overrides = [o for o in hc.overrides.task if _key(o) not in excluded]
-    batch = OmegaConf.select(cfg, "data.batch_size")
-    extra: dict[str, Any] = {}
-    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-    for group in ("data", "model"):
-        # By the option's name ("digits", "cnn"), given or not: parallel coordinates draw only
-        # the sessions that have every column shown, so a default run has these columns too.
-        if choices.get(group):
-            extra[group] = choices[group]
-    tags = run_tags(cfg.get("tags"))
-    if tags:  # one column, as typed: tags=[a,b] -> "a,b"
-        extra["tags"] = ",".join(tags)
-    if isinstance(batch, int):
-        extra["effective_batch_size"] = batch * trainer.accumulate_grad_batches * trainer.world_size
-    config = cast(Mapping[str, Any], OmegaConf.to_container(cfg, resolve=True))
-    return compared_hparams(config, overrides, extra), trial_id(Path(cfg.paths.output_dir).name)
-
-
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
-
-
-def final_values(metrics: Mapping[str, float], trainer: L.Trainer) -> dict[str, float]:
-    """The run's answers for the HPARAMS tab: the final val/ and test/ metrics and the
-    performance summary of fasttrain.callbacks.perf (samples/s, data-wait share, peak memory,
-    MFU where known) under perf/."""
-    from fasttrain.callbacks.perf import PerfMonitor
-
-    final = {k: float(v) for k, v in metrics.items() if k.startswith(("val/", "test/"))}
-    for callback in trainer.callbacks:  # type: ignore[attr-defined]
-        if isinstance(callback, PerfMonitor):
-            summary = callback.summary
-            for key in ("samples_per_sec", "data_wait_share", "step_time_ms_median",
-                        "mem_peak_gb", "host_peak_rss_gb", "mfu"):  # fmt: skip
-                if isinstance(summary.get(key), (int, float)):
-                    final[f"perf/{key}"] = float(summary[key])
-    return final

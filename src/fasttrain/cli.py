@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,36 +46,166 @@ def entry(config_name: str, task: Callable[[Any], Any]) -> None:
     if wants_app_help(argv):
         print_app_help(config_name, argv)
         return
-    import hydra
-
-    from fasttrain.config.overrides import check_command_line, pin_run_name
+    from fasttrain.config.overrides import check_command_line
     from fasttrain.distributed.multirun import rank_argv
 
-    sys.argv[1:] = argv = rank_argv(argv)  # a DDP rank of a sweep job: that job only
+    argv = rank_argv(argv)  # a DDP rank of a sweep job: that job only
     checked = run_task(check_command_line, config_name, argv)  # bad input: one line, no files
-    if not checked.prints_only:  # --cfg prints the config: no data module is built or read
-        run_task(construct_each, checked.jobs)
+    if checked.run is None:  # a sweep, --cfg, or a flag only Hydra answers: Hydra runs it
+        if not checked.prints_only:  # --cfg prints the config: no data module is built or read
+            run_task(construct_each, checked.jobs)
+        gc.enable()  # (see `script`) a sweep's jobs come and go: each is collected as usual
+        run_by_hydra(config_name, task, argv)
+        return
+    job = checked.jobs[0]
+    with held_log_lines() as held:  # Lightning's lines go to the run's log, or nowhere
+        built = run_task(build_checked, job)
     claim = None
-    if checked.run_dir is not None:
-        if first_process():  # the other ranks of a DDP job share its claim
-            claim = run_task(claim_run_dir, checked.jobs[0], checked.run_dir)
-        sys.argv += checked.pin  # Hydra runs in exactly the folder checked and claimed
+    if first_process():  # the other ranks of a DDP job share its claim
+        claim = run_task(claim_run_dir, job, checked.run_dir, built)
+    try:
+        if _AS_PROCESS:  # what start-up made lives as long as the run (see `script`)
+            gc.freeze()
+            gc.enable()
+        run_checked(checked, config_name, task, claim, held, built)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def run_checked(checked: Any, config_name: str, task: Callable[[Any], Any],
+                claim: RunClaim | None, held: HeldLines, built: Any) -> None:  # fmt: skip
+    """The single run `checked` describes, as @hydra.main runs it (its folder, .hydra/, the
+    log set up, the exit code and traceback of a crash), on the config the check composed: Hydra
+    does not compose the command line again. `built` (the check's run) is what the task's
+    build_run returns."""
+    # Private: Hydra runs a job this way in Hydra.run, which composes first; hydra.main has no
+    # entry for a config composed already. tests/test_train_cli.py fails loudly if they move.
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.utils import run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext
+
+    from fasttrain.assemble import handing_over
+
+    cfg = checked.run
+    GlobalHydra.instance().clear()
+    GlobalHydra.instance().initialize(checked.hydra)
+
+    def task_function(job: Any) -> float | None:
+        one_log_stream()
+        held.replay()
+        return in_hydra(job, task, claim)
+
+    def run() -> None:
+        configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=config_name)
+        context = HydraContext(config_loader=checked.hydra.config_loader, callbacks=callbacks)
+        with handing_over(built, checked.jobs[0]):
+            ret = run_job(hydra_context=context, task_function=task_function, config=cfg,
+                          job_dir_key="hydra.run.dir", job_subdir_key=None)  # fmt: skip
+        callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
+        ret.return_value  # noqa: B018  (raises what the task raised, as Hydra.run does)
+
+    try:
+        run_and_report(run)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def run_by_hydra(config_name: str, task: Callable[[Any], Any], argv: list[str]) -> None:
+    """A sweep, or a command Hydra answers itself (--cfg, --info, ...): @hydra.main on `argv`."""
+    import hydra
+
+    sys.argv[1:] = argv
 
     @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=config_name)
     def hydra_main(cfg: Any) -> float | None:
         one_log_stream()
-        pin_run_name(cfg)
-        if claim is not None and claim.moved is not None:
-            log.info("resume=never: the previous run in %s is kept in %s", *map(shown, claim.moved))
-        result = run_task(task, cfg, undo=claim.undo if claim else None)
-        # What a sweeper (hparams_search=optuna) optimises; the finished run's files are kept.
-        return run_task(optimized_metric, result, cfg.get("optimized_metric"))
+        return in_hydra(cfg, task, None)
 
+    hydra_main()
+
+
+def in_hydra(cfg: Any, task: Callable[[Any], Any], claim: RunClaim | None) -> float | None:
+    """The task inside Hydra's job: the run's name read once, the task run, the value a sweeper
+    optimises returned (the finished run's files are kept)."""
+    from fasttrain.config.overrides import pin_run_name
+
+    pin_run_name(cfg)
+    if claim is not None and claim.moved is not None:
+        log.info("resume=never: the previous run in %s is kept in %s", *map(shown, claim.moved))
+    result = run_task(task, cfg, undo=claim.undo if claim else None)
+    return run_task(optimized_metric, result, cfg.get("optimized_metric"))
+
+
+def build_checked(job: Any) -> Any:
+    """The training run of a checked job (trainer, model, data module), built before Hydra
+    writes anything: a bad value a constructor refuses (data.batch_size=0, ...) is one line and
+    no folder, and the run goes on with these objects. None for an entry point that takes its
+    model from a checkpoint (evaluate, export, predict), or a config without a run's keys."""
+    if "model" not in job:
+        return None
+    from fasttrain import assemble
+    from fasttrain.checkpoints.allow import check_loadable
+
+    check_loadable(job)  # what its checkpoints name must load again
+    if not all(key in job for key in ("seed", "data", "trainer")):  # not a run build_run knows
+        construct(job)
+        return None
+    return assemble.build_run(job, validated=True)  # the check validated it
+
+
+class HeldLines(logging.Handler):
+    """Log lines and warnings from building the run before Hydra sets up logging (the run's
+    log file does not exist yet): kept, then given to the handlers Hydra sets up (`replay`), or
+    dropped when the command line is refused (its one line is all it prints)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+        self.warnings: list[Any] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def replay(self) -> None:
+        import warnings
+
+        records, self.records = self.records, []
+        for record in records:
+            logger = logging.getLogger(record.name)
+            if logger.isEnabledFor(record.levelno):  # as if logged now, with the run's levels
+                logger.handle(record)
+        caught, self.warnings = self.warnings, []
+        for w in caught:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
+@contextlib.contextmanager
+def held_log_lines() -> Iterator[HeldLines]:
+    import warnings
+
+    held = HeldLines()
+    one_log_stream()  # Lightning's loggers propagate to the root logger, which holds them here
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(held)
+    root.setLevel(logging.DEBUG)  # replay applies the levels the run sets up
     try:
-        hydra_main()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            yield held
+        held.warnings = caught
     finally:
-        if claim is not None:
-            claim.release()
+        root.removeHandler(held)
+        root.setLevel(level)
+
+
+# Set by `script`: this process is the entry point's own (not a test or a notebook calling main).
+_AS_PROCESS = False
 
 
 # conf/paths/default.yaml: runs, data and logs go under this folder when it is set.
@@ -105,7 +236,19 @@ def script(main: Callable[[], Any]) -> None:
     every non-daemon thread and runs every atexit handler, and one that a library or a user's
     sitecustomize left waiting (an uploader, a pool) keeps a refused run alive for minutes.
     Everything a refusal must do (one line, its undo, the lock released) is done by then.
-    In-process callers (tests, notebooks) call `main` and get SystemExit as usual."""
+    In-process callers (tests, notebooks) call `main` and get SystemExit as usual.
+
+    As the process itself, start-up runs without the cyclic garbage collector: importing
+    torch, Lightning and the run's modules makes ~500k objects that live as long as the
+    process, and each full collection walks them all again (~1.5 s of collections during a
+    `python train.py` start-up on a 2-core machine, ~0.4 s more at the first validation step).
+    A single run then freezes what start-up made (gc.freeze: never collected, never walked
+    again; the cycles start-up left behind, ~10 MB, stay too) and turns collection back on;
+    a sweep, whose jobs come and go, only turns it back on. Never in-process: a later run's
+    objects would never be freed."""
+    global _AS_PROCESS
+    _AS_PROCESS = True
+    gc.disable()
     try:
         main()
     except SystemExit as err:
@@ -116,6 +259,9 @@ def script(main: Callable[[], Any]) -> None:
                 stream.flush()
         logging.shutdown()
         os._exit(USER_ERROR_EXIT)
+    finally:
+        _AS_PROCESS = False
+        gc.enable()
 
 
 def entry_points(config_name: str, task: Callable[[Any], Any]) -> tuple[Callable[[], None], ...]:
@@ -304,17 +450,18 @@ def _lock(run_dir: Path, run_name: str) -> int | None:
     return fd
 
 
-def claim_run_dir(job: Any, run_dir: Path) -> RunClaim:
+def claim_run_dir(job: Any, run_dir: Path, built: Any = None) -> RunClaim:
     """Lock the run folder, then make every check that could refuse to resume (readable
     checkpoint, same model, not past trainer.max_epochs) or, with resume=never, move the old run
-    aside: all before Hydra writes its config into the folder."""
+    aside: all before Hydra writes its config into the folder. `built`: the run's (trainer,
+    model, data module), which the checkpoint is checked against."""
     claim = RunClaim(run_dir)
     claim.lock(str(job.get("run_name")))  # refused: the folder is another run's, nothing to undo
     try:
         if job.get("resume") == "never":
             claim.move_aside(str(job.get("run_name")))
         elif job.get("resume") is not None:
-            check_resume(job, run_dir)
+            check_resume(job, run_dir, built)
     except BaseException:
         claim.undo()
         claim.release()
@@ -322,13 +469,15 @@ def claim_run_dir(job: Any, run_dir: Path) -> RunClaim:
     return claim
 
 
-def check_resume(job: Any, run_dir: Path) -> None:
+def check_resume(job: Any, run_dir: Path, built: Any = None) -> None:
+    """Read and check the checkpoint the run would continue from, once: fit finds the result
+    (fasttrain.checkpoints.resume.check_fits) for the same model, data module and file."""
     from fasttrain.checkpoints.resume import check_fits, checkpoint_to_resume
 
     ckpt = checkpoint_to_resume(job.resume, run_dir)
     if ckpt is not None:
         max_epochs = job.trainer.get("max_epochs")
-        model, datamodule = construct(job)
+        _, model, datamodule = built if built is not None else (None, *construct(job))
         check_fits(ckpt, model, max_epochs, resume=str(job.resume), data=datamodule)
 
 

@@ -25,7 +25,12 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fasttrain import shown
-from fasttrain.checkpoints.resume import ResumeState, check_fits, how_to_continue
+from fasttrain.checkpoints.resume import (
+    ResumeState,
+    check_fits,
+    how_to_continue,
+    written_with_averaging,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +114,10 @@ def fit_once(trainer: Any, model: L.LightningModule, datamodule: Any,
              ckpt_path: str | None) -> None:  # fmt: skip
     """trainer.fit from `ckpt_path`. SIGTERM or Ctrl-C: last.ckpt after the current batch, then
     exit 143 (130) with the command that continues the run."""
-    if ckpt_path:
+    if ckpt_path:  # checked (and read) once: the command-line check did it for this model
         check_fits(ckpt_path, model, trainer.max_epochs, data=datamodule)
-        _say_if_averaging_is_dropped(trainer, ckpt_path)
+        _say_if_averaging_is_dropped(trainer, ckpt_path, written_with_averaging(
+            ckpt_path, model, datamodule))  # fmt: skip
     try:
         with ctrl_c_as_sigterm() as ctrl_c:
             # weights_only: resuming never unpickles code from a checkpoint file.
@@ -167,12 +173,11 @@ def ctrl_c_as_sigterm() -> Iterator[list[int]]:
         lightning_log.removeFilter(not_after_ctrl_c)
 
 
-def _say_if_averaging_is_dropped(trainer: L.Trainer, ckpt_path: str) -> None:
+def _say_if_averaging_is_dropped(trainer: L.Trainer, ckpt_path: str, averaged: bool) -> None:
     """A checkpoint written with weight averaging holds the average as its weights (and the
     raw ones aside): resumed without the averaging callback, training goes on from the average."""
     from lightning.pytorch.callbacks import WeightAveraging
 
-    averaged = "current_model_state" in torch.load(ckpt_path, weights_only=True, mmap=True)
     callbacks = trainer.callbacks  # type: ignore[attr-defined]
     if averaged and not any(isinstance(c, WeightAveraging) for c in callbacks):
         log.warning(

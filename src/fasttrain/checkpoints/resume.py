@@ -16,13 +16,17 @@ callback states. What it leaves out, and where it is handled:
 
 fasttrain.cli checks the checkpoint a run would continue from (`check_fits`) before Hydra
 writes anything into the run folder, so a refusal never touches the run it refuses to continue.
+That check reads the file once: fit's own `check_fits` (and `written_with_averaging`) on the
+same model, data module and unchanged file find what it read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import weakref
 from pathlib import Path
 from typing import Any, cast
 
@@ -54,6 +58,41 @@ def checkpoint_to_resume(resume: str | None, output_dir: str | Path) -> str | No
     return str(path)
 
 
+# What check_fits read of a checkpoint a model passed: {model: ((file, mtime, size), id of
+# the data module, the checkpoint's epoch, whether it was written with weight averaging)}.
+_passed: weakref.WeakKeyDictionary[Any, tuple[Any, int, Any, bool]] = weakref.WeakKeyDictionary()
+
+
+def _file_key(path: str | Path) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return os.path.realpath(path), st.st_mtime_ns, st.st_size
+
+
+def _passed_before(ckpt_path: str, model: Any, data: Any) -> tuple[Any, int, Any, bool] | None:
+    """The record of this model (and data module) passing check_fits on this file as it is."""
+    try:
+        record = _passed.get(model) if model is not None else None
+    except TypeError:  # a model that cannot be weakly referenced: checked each time
+        return None
+    if record is None or record[1] != id(data):
+        return None
+    try:
+        return record if record[0] == _file_key(ckpt_path) else None
+    except OSError:
+        return None
+
+
+def written_with_averaging(ckpt_path: str, model: Any = None, data: Any = None) -> bool:
+    """Whether the checkpoint holds averaged weights (callbacks/averaging=ema or swa): from what
+    check_fits read, else from the file."""
+    record = _passed_before(ckpt_path, model, data)
+    if record is not None:
+        return record[3]
+    import torch
+
+    return "current_model_state" in torch.load(ckpt_path, weights_only=True, mmap=True)
+
+
 def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
                resume: str | None = None, data: Any = None) -> None:  # fmt: skip
     """Refuse, in one line, a checkpoint this run cannot continue from: unreadable, of another
@@ -64,8 +103,13 @@ def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
     `model` may live on the meta device (only names and shapes are compared) or be None (not
     compared). `resume` is the value that chose the checkpoint ("auto": the message then names
     what else there is). The file is memory-mapped and loaded with weights_only: it is not read
-    whole, and pickled code in it is refused unexecuted.
+    whole, and pickled code in it is refused unexecuted. A model and data module that passed
+    on this file (unchanged since) are not compared again: only the epoch is.
     """
+    record = _passed_before(ckpt_path, model, data)
+    if record is not None:
+        _within_max_epochs(ckpt_path, record[2], max_epochs)
+        return
     ckpt = _read(ckpt_path, resume)
     which = f"resume=auto: {shown(ckpt_path)}:" if resume == "auto" else f"resume={ckpt_path}:"
     if data is not None:
@@ -76,7 +120,14 @@ def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
         _same_recipe(ckpt.get("hyper_parameters"), model, which)
         for line in settings_that_differ(ckpt.get("hyper_parameters"), dict(model.hparams)):
             log.warning(f"{which} {line}")
-    epoch = ckpt.get("epoch")
+    _within_max_epochs(ckpt_path, ckpt.get("epoch"), max_epochs)
+    if model is not None:
+        with contextlib.suppress(TypeError, OSError):  # no record: the next check reads again
+            key = _file_key(ckpt_path)
+            _passed[model] = (key, id(data), ckpt.get("epoch"), "current_model_state" in ckpt)
+
+
+def _within_max_epochs(ckpt_path: str, epoch: Any, max_epochs: int | None) -> None:
     # Lightning's own rule (it raises MisconfigurationException with a traceback, in fit).
     limited = isinstance(max_epochs, int) and max_epochs != -1
     if limited and isinstance(epoch, int) and epoch > cast(int, max_epochs):

@@ -56,12 +56,17 @@ class Checked:
     the folder of a single run, resolved exactly as Hydra will (None for a sweep or a command
     that only prints); `pin` the overrides that keep Hydra on that folder (see `_pin`);
     `prints_only` a command that prints its config (--cfg) and builds nothing, so needs no data.
+    For a single run, `run` is its whole config (Hydra's node included, `pin` applied), composed
+    as @hydra.main composes it, and `hydra` the Hydra instance that composed it: the run goes on
+    with both (fasttrain.cli.run_checked) instead of Hydra composing the command line again.
     """
 
     jobs: list[Any] = field(default_factory=list)
     run_dir: Path | None = None
     pin: list[str] = field(default_factory=list)
     prints_only: bool = False
+    run: Any = None
+    hydra: Any = None
 
 
 def check_command_line(config_name: str, argv: list[str]) -> Checked:
@@ -69,6 +74,43 @@ def check_command_line(config_name: str, argv: list[str]) -> Checked:
     flags = _hydra_flags(argv)
     if flags is None or _left_to_hydra(flags):
         return Checked()
+    with main_hydra() as hydra:
+        checked = _check(config_name, argv, flags)
+    if checked.run is not None:
+        checked.hydra = hydra
+    return checked
+
+
+# What @hydra.main in fasttrain.cli (the entry points' task function) sets up: its module names
+# the job (hydra.job.name) and the search path starts from conf/.
+_HYDRA_MAIN_MODULE = "fasttrain.cli"
+
+
+@contextlib.contextmanager
+def main_hydra() -> Any:
+    """The Hydra instance @hydra.main would create for the entry points, as the global one for
+    the block (the one before it, if any, is restored after)."""
+    # Private: Hydra has no public way to set up its main instance (hydra.main does this);
+    # tests/test_train_cli.py fails loudly if these move.
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path, detect_task_name
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+
+    version.setbase("1.3")
+    backup = Singleton._instances.pop(GlobalHydra, None)
+    try:
+        search = create_automatic_config_search_path(None, _HYDRA_MAIN_MODULE, CONFIG_DIR)
+        name = detect_task_name(None, _HYDRA_MAIN_MODULE)
+        yield Hydra.create_main_hydra2(task_name=name, config_search_path=search)
+    finally:
+        Singleton._instances.pop(GlobalHydra, None)
+        if backup is not None:
+            Singleton._instances[GlobalHydra] = backup
+
+
+def _check(config_name: str, argv: list[str], flags: Any) -> Checked:
     config_name = flags.config_name or config_name
     overrides: list[str] = list(flags.overrides or [])
     parsed = _parse(overrides)
@@ -91,7 +133,9 @@ def check_command_line(config_name: str, argv: list[str]) -> Checked:
         if flags.cfg is not None:  # --cfg job|hydra|all: Hydra prints the config, runs nothing
             return Checked([_without_hydra(cfg)], prints_only=True)
         run_dir = Path(str(cfg.hydra.runtime.output_dir))
-        return Checked([_without_hydra(cfg)], run_dir, _pin(cfg, parsed))
+        pin = _pin(cfg, parsed)
+        _as_hydra_runs(cfg, pin)
+        return Checked([_without_hydra(cfg)], run_dir, pin, run=cfg)
     jobs = [_without_hydra(cfg)]
     for combination in _combinations(fixed, _sweep_dims(sweeps, cfg, parsed)):
         if combination != first:
@@ -212,6 +256,24 @@ def _pin(cfg: Any, parsed: list[Any]) -> list[str]:
     return [f"hydra.run.dir={quote(str(cfg.hydra.runtime.output_dir))}"]
 
 
+def _as_hydra_runs(cfg: Any, pin: list[str]) -> None:
+    """`cfg` as Hydra's run would compose it from the command line and `pin`: the pin's value
+    set and recorded among the hydra overrides (.hydra/hydra.yaml), then `hydra.mode=RUN`, which
+    Hydra adds where no config sets a mode."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import open_dict, read_write
+
+    parser = OverridesParser.create()
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        for override in pin:
+            cfg.hydra.run.dir = parser.parse_override(override).value()
+            cfg.hydra.overrides.hydra.append(override)
+        if cfg.hydra.mode is None:
+            cfg.hydra.mode = RunMode.RUN
+            cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+
+
 def pin_run_name(job: Any) -> None:
     """Read the run's name once, as its folder's path under logs/<task_name>/ (a sweep job's is
     multirun/<time>/<job>). The default name holds the time (`${now:...}`), which each later
@@ -236,9 +298,13 @@ def quote(value: str) -> str:
 
 
 def _compose(config_name: str, overrides: list[str], hydra: bool = False) -> Any:
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
 
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with contextlib.ExitStack() as stack:
+        from hydra.core.global_hydra import GlobalHydra
+
+        if not GlobalHydra.instance().is_initialized():  # called outside check_command_line
+            stack.enter_context(main_hydra())
         return compose(config_name, overrides=overrides, return_hydra_config=hydra)
 
 

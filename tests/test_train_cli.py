@@ -188,3 +188,44 @@ def test_plain_command_from_an_empty_folder_puts_runs_under_its_logs(tmp_path: P
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "logs" / "train" / "plain" / "metrics.json").is_file()
+
+
+def test_the_hydra_internals_a_single_run_uses_are_still_there() -> None:
+    # fasttrain.cli runs a single run on the config its check composed (no second compose) with
+    # the pieces Hydra.run and hydra.main use; a Hydra release that moves one fails here.
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import (
+        create_automatic_config_search_path,
+        detect_task_name,
+        run_and_report,
+    )
+    from hydra.core.utils import configure_log, run_job
+
+    assert callable(Hydra.create_main_hydra2) and callable(Callbacks)
+    assert detect_task_name(None, "fasttrain.cli") == "cli"  # the job name @hydra.main gives
+    for piece in (create_automatic_config_search_path, run_and_report, configure_log, run_job):
+        assert callable(piece)
+
+
+def test_a_single_run_is_composed_once(tmp_path: Path) -> None:
+    from hydra._internal.hydra import Hydra
+
+    from fasttrain.config.overrides import check_command_line
+
+    calls: list[int] = []
+    real = Hydra.compose_config
+
+    def counted(self: Hydra, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    Hydra.compose_config = counted  # type: ignore[method-assign]
+    try:
+        checked = check_command_line("train", [f"paths.log_dir={tmp_path}", "run_name=once"])
+    finally:
+        Hydra.compose_config = real  # type: ignore[method-assign]
+    assert len(calls) == 1 and checked.run is not None and checked.hydra is not None
+    assert checked.run.hydra.run.dir == str(checked.run_dir)  # the folder the run will use
+    assert list(checked.run.hydra.overrides.hydra)[-1] == "hydra.mode=RUN"  # as Hydra records it
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written

@@ -12,6 +12,10 @@ switchable alone: rotary position embeddings (`pos=rope`), RMSNorm (`norm=rms`),
 LayerNorm on each head's queries and keys (`qk_norm`), a ReLU^2 MLP (`mlp=relu2`), an output
 layer of its own (`tie_embeddings=false`) and a tanh cap on the logits (`softcap`). The defaults
 are GPT-2's: the same parameters, state_dict keys and operations as before these existed.
+The modern pieces are written for the CPU's eager step too: RMSNorm's and ReLU^2's backward
+passes are written out (autograd's of the plain expressions take 2-4x the passes over the
+activations; the values are the same), queries and keys are normed and turned as rows of
+head_dim before the transpose, and rotary is one addcmul.
 
 `forward(idx)` is what training, evaluation and every exported file run. Generation runs
 `forward_cached`, which keeps each block's keys and values, so each new token costs one

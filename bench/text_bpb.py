@@ -29,7 +29,7 @@ RESULTS = ROOT / "bench" / "results"
 
 def splits() -> dict[str, bytes]:
     """The default corpus's splits, as data=text makes them (seed 42, 5% val, 5% test)."""
-    from fasttrain.data.text import corpus_files, read_documents, split_documents
+    from fasttrain.data.corpus import corpus_files, read_documents, split_documents
 
     root, files = corpus_files(None)
     documents = read_documents(root, files, None)
@@ -37,7 +37,7 @@ def splits() -> dict[str, bytes]:
 
 
 def baselines(parts: dict[str, bytes]) -> dict[str, float]:
-    from fasttrain.data.text import bigram_bits_per_byte
+    from fasttrain.data.corpus import bigram_bits_per_byte
 
     test = parts["test"]
     return {

@@ -14,7 +14,8 @@ import torch
 
 from conftest import run_cli
 from fasttrain.config.errors import UserError
-from fasttrain.data.text import TextDataModule, TokenWindows, corpus_files, split_documents
+from fasttrain.data.corpus import corpus_files, split_documents
+from fasttrain.data.text import TextDataModule, TokenWindows
 from fasttrain.models.language_model import LanguageModel
 from fasttrain.models.nets.gpt import GPT
 
@@ -121,7 +122,7 @@ def test_a_prepare_killed_mid_write_leaves_nothing(tmp_path: Path, monkeypatch) 
     def dies(*args, **kwargs):
         raise KeyboardInterrupt  # a Ctrl-C with every file written, just before the rename
 
-    monkeypatch.setattr("fasttrain.data.text.os.rename", dies)
+    monkeypatch.setattr("fasttrain.data.corpus.os.rename", dies)
     with pytest.raises(KeyboardInterrupt):
         dm.token_folder()
     assert not any((tmp_path / "cache").iterdir())
@@ -354,7 +355,7 @@ def test_the_tiny_gpt_beats_the_bigram_model_on_the_default_corpus(tmp_path: Pat
     """The default command, 4 epochs (512 steps of 32 x 128 bytes, ~2 min on 2 CPU cores): test
     bits per byte below the test split's bigram entropy under the training split's counts
     (~3.57 for Python 3.11's standard library)."""
-    from fasttrain.data.text import bigram_bits_per_byte
+    from fasttrain.data.corpus import bigram_bits_per_byte
 
     proc = run_cli(["train.py", "model=gpt", "data=text", "trainer.max_epochs=4", "run_name=lm",
                     f"paths.root_dir={tmp_path}"], tmp_path / "logs", timeout=1200)  # fmt: skip

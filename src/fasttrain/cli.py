@@ -146,7 +146,7 @@ def build_checked(job: Any) -> Any:
     writes anything: a bad value a constructor refuses (data.batch_size=0, ...) is one line and
     no folder, and the run goes on with these objects. None for an entry point that takes its
     model from a checkpoint (evaluate, export, predict), or a config without a run's keys."""
-    if "model" not in job:
+    if "model" not in job or "ckpt_path" in job:  # +model=... there: restore refuses it
         return None
     from fasttrain import assemble
     from fasttrain.checkpoints.allow import check_loadable

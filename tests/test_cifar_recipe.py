@@ -261,6 +261,34 @@ def test_recipe_without_the_cifar_files_is_one_line_exit_2(
     assert not list(log_dir.glob("*/*/*"))  # no run folder
 
 
+def test_a_refusal_ignores_root_handlers_an_earlier_run_left(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # An earlier in-process run (a test, a notebook cell) can leave a console handler on a
+    # stream since closed; building at DEBUG must not send it every line.
+    import io
+    import logging
+
+    from fasttrain.train import main
+
+    stream = io.StringIO()
+    stale = logging.StreamHandler(stream)
+    stream.close()
+    root = logging.getLogger()
+    root.addHandler(stale)
+    try:
+        argv = [RECIPE, f"data.path={tmp_path / 'nowhere'}", f"paths.log_dir={tmp_path}"]
+        monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert stale in root.handlers  # given back after the hold
+    finally:
+        root.removeHandler(stale)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Logging error" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.slow
 def test_recipe_command_line_without_the_files(tmp_path: Path) -> None:
     proc = run_cli([str(REPO / "train.py"), RECIPE, f"data.path={tmp_path}"], tmp_path / "logs")

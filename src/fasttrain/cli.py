@@ -191,8 +191,10 @@ def held_log_lines() -> Iterator[HeldLines]:
     held = HeldLines()
     one_log_stream()  # Lightning's loggers propagate to the root logger, which holds them here
     root = logging.getLogger()
-    level = root.level
-    root.addHandler(held)
+    level, before = root.level, list(root.handlers)
+    # The held lines alone: the root's handlers of an earlier run in this process (a console
+    # bound to a stream since closed, ...) would get every line at DEBUG.
+    root.handlers = [held]
     root.setLevel(logging.DEBUG)  # replay applies the levels the run sets up
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -200,7 +202,7 @@ def held_log_lines() -> Iterator[HeldLines]:
             yield held
         held.warnings = caught
     finally:
-        root.removeHandler(held)
+        root.handlers = [h for h in root.handlers if h is not held] + before
         root.setLevel(level)
 
 

@@ -168,3 +168,19 @@ def test_the_classifier_refuses_it_too(tmp_path: Path) -> None:
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     with pytest.raises(UserError, match=r"model\.scheduler_interval=epoch"):
         trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
+
+
+def test_a_run_max_steps_ends_mid_epoch_is_validated_and_checkpointed(tmp_path: Path) -> None:
+    # Lightning validates only at an epoch's end: a run that max_steps ended on step 5 of 8
+    # used to end with no val metrics and no best checkpoint (min_epochs: 1 held the stop).
+    cfg = compose_train(tmp_path, "model=mlp", "data.num_workers=0", "logger=none", "test=false",
+                        "trainer.max_epochs=3", "trainer.max_steps=5",
+                        "trainer.limit_train_batches=8", "trainer.limit_val_batches=2",
+                        "callbacks.progress_bar=null", "+trainer.enable_progress_bar=false",
+                        quick=False)  # fmt: skip
+    trainer, model, datamodule = build_run(cfg)
+    fit.fit(trainer, model, datamodule, None)
+    assert trainer.global_step == 5
+    assert "val/loss" in trainer.callback_metrics
+    best = trainer.checkpoint_callback.best_model_path
+    assert best and Path(best).is_file(), best

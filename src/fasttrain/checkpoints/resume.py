@@ -365,7 +365,8 @@ def _confined(state: dict[str, Any], dirpath: str | Path | None) -> dict[str, An
 
 
 class ResumeState(Callback):
-    """Position-derived RNG and a checkpoint on SIGTERM (see the module doc)."""
+    """Position-derived RNG, a checkpoint on SIGTERM (see the module doc), and a validation at
+    the step trainer.max_steps ends a run on."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
@@ -397,6 +398,14 @@ class ResumeState(Callback):
         # ModelCheckpoint saves too, gives a checkpoint Lightning resumes exactly.
         if trainer.received_sigterm and not self.sigterm_checkpoint:
             self.sigterm_checkpoint = _save_last(trainer)
+        # A run that trainer.max_steps ends mid-epoch: Lightning validates only at an epoch's end
+        # (or a val_check_interval), so it would end with no val metrics and no best checkpoint.
+        # A stop asked for at the last step is validated first, as an early stop is; min_epochs
+        # and min_steps, which would hold that stop back, mean nothing once max_steps is reached.
+        # Here, not in a callback of its own: no extra hook call on every step.
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.fit_loop.min_epochs = trainer.fit_loop.epoch_loop.min_steps = None
+            trainer.should_stop = True
 
     def save_on_stop(self, trainer: Any) -> str | None:
         """The checkpoint of a run stopped by SIGTERM/Ctrl-C, wherever Lightning stopped it.

@@ -242,7 +242,7 @@ def bench_transformer(out: Path, smoke: bool, device: str) -> dict[str, Any]:
     import torch
     from omegaconf import OmegaConf
 
-    from fasttrain.callbacks.perf import dense_peak_tflops
+    from fasttrain.callbacks.flops import dense_peak_tflops
 
     warmup, measured, batch = (1, 2, 4) if smoke else (15, 40, 16)
     torch.manual_seed(0)
@@ -302,7 +302,7 @@ def bench_lm_recipes(out: Path, smoke: bool, device: str) -> dict[str, Any]:
     import torch
     from omegaconf import OmegaConf
 
-    from fasttrain.callbacks.perf import dense_peak_tflops
+    from fasttrain.callbacks.flops import dense_peak_tflops
 
     warmup, measured, batch = (1, 2, 4) if smoke else (15, 40, 16)
     peak = dense_peak_tflops(torch.cuda.get_device_name() if device == "cuda" else "cpu", "bf16")

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from conftest import scalars
 from fasttrain.assemble import build
-from fasttrain.callbacks.perf import PerfMonitor, dense_peak_tflops, flops_per_sample, matmul_dtype
+from fasttrain.callbacks.flops import dense_peak_tflops, flops_per_sample, matmul_dtype
+from fasttrain.callbacks.perf import PerfMonitor
 from fasttrain.config.errors import UserError
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -153,7 +153,7 @@ def test_resume_resolution(tmp_path: Path) -> None:
 def test_position_seed_depends_on_every_part_of_the_position() -> None:
     """ResumeState's per-batch seed: a function of (seed, epoch, batch, rank) alone, 32-bit (numpy
     and random take it), and different for every neighbouring position."""
-    from fasttrain.checkpoints.resume import position_seed
+    from fasttrain.data.resumable import position_seed
 
     grid = [(s, e, b, r) for s in (0, 1, 42) for e in range(4) for b in range(200) for r in (0, 3)]
     seeds = [position_seed(*p) for p in grid]

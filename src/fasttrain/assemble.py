@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import fasttrain.distributed.dp  # noqa: F401  (registers `dp` before any Trainer is built)
 from fasttrain.checkpoints.io import AtomicCheckpointIO, ModelSpec
-from fasttrain.checkpoints.resume import ResumeState, confine_restored_paths
+from fasttrain.checkpoints.state import ResumeState, confine_restored_paths
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.schema import validate
 from fasttrain.models.spec import plain

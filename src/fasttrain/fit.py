@@ -26,11 +26,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fasttrain import shown
 from fasttrain.checkpoints.resume import (
-    ResumeState,
     check_fits,
     how_to_continue,
     written_with_averaging,
 )
+from fasttrain.checkpoints.state import ResumeState
 
 log = logging.getLogger(__name__)
 

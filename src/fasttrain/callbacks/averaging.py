@@ -134,7 +134,7 @@ class _Averaging(WeightAveraging):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The raw weights stay aside for a checkpoint saved after this (the last one,
-        # fasttrain.checkpoints.resume.ResumeState), to resume from.
+        # fasttrain.checkpoints.state.ResumeState), to resume from.
         self._use_average(pl_module)
         self._after_fit = True
 

@@ -4,5 +4,6 @@ SIGTERM).
 load.py    read_checkpoint, load_task
 allow.py   which code a checkpoint's specs may name (checked before anything is built)
 io.py      AtomicCheckpointIO: a save is the old file or the new one, never half of each
-resume.py  checkpoint_to_resume, check_fits, ResumeState
+resume.py  checkpoint_to_resume, check_fits: which checkpoint a run continues from
+state.py   ResumeState (position-derived RNG, last.ckpt on SIGTERM), confined restored paths
 """

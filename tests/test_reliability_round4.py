@@ -206,7 +206,8 @@ def test_non_ascii_in_an_override_is_shown_the_quoting_that_works(
     import shlex
 
     from fasttrain.config.errors import UserError
-    from fasttrain.config.overrides import _bad_syntax, check_command_line
+    from fasttrain.config.explain import bad_syntax
+    from fasttrain.config.overrides import check_command_line
 
     config = "predict" if typed.startswith("prompt") else "train"
     with pytest.raises(UserError) as refused:
@@ -215,4 +216,4 @@ def test_non_ascii_in_an_override_is_shown_the_quoting_that_works(
     assert message.startswith(f"{typed}: not a valid override")
     assert message.endswith(f"quote the value as Hydra's grammar needs: {shlex.quote(suggested)}")
     (pasted,) = shlex.split(message.rsplit(": ", 1)[1])  # as a shell reads it
-    assert _bad_syntax([pasted]) is None  # the suggestion is valid Hydra
+    assert bad_syntax([pasted]) is None  # the suggestion is valid Hydra

@@ -4,4 +4,5 @@ errors.py     UserError / ConfigError: every check raises them; fasttrain.cli pr
 schema.py     validate(cfg): every `_target_` node against its class's signature
 settings.py   the top-level keys of each entry config, as typed signatures with range checks
 overrides.py  the command line composed and checked before Hydra writes anything
+explain.py    Hydra's composition errors as one line naming the override and what is valid
 """

@@ -21,14 +21,12 @@ only ask Hydra something (--info, --hydra-help, --shell-completion) are left to 
 from __future__ import annotations
 
 import contextlib
-import difflib
+import functools
 import io
 import itertools
 import os
 import re
-import shlex
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,10 +35,8 @@ from omegaconf import OmegaConf
 
 from fasttrain import CONFIG_DIR
 from fasttrain.config.errors import UserError
+from fasttrain.config.explain import bad_syntax, explain, first_line
 
-# Keys an entry point no longer has, and what replaced them.
-RENAMED = {"train": {"ckpt_path": "resume=PATH"}}
-_SHOWN = 12  # at most this many valid keys in a message
 # Up to this many jobs a sweep is checked combination by combination; beyond, each value once.
 _FULL_GRID = 8
 # A range sweep longer than this is checked at its ends (and middle) only.
@@ -172,7 +168,7 @@ def _parse(overrides: list[str]) -> list[Any]:
     try:
         return list(OverridesParser.create().parse_overrides(overrides))
     except HydraException as err:
-        raise UserError(_bad_syntax(overrides) or _first_line(err)) from None
+        raise UserError(bad_syntax(overrides) or first_line(err)) from None
 
 
 def _check_job(config_name: str, overrides: list[str], argv: list[str], multirun: bool,
@@ -183,7 +179,8 @@ def _check_job(config_name: str, overrides: list[str], argv: list[str], multirun
     try:
         cfg = _compose(config_name, overrides, hydra=True)
     except HydraException as err:
-        raise UserError(explain(err, config_name, argv)) from None
+        keys_at = functools.partial(_keys_at, config_name)
+        raise UserError(explain(err, config_name, argv, keys_at)) from None
     _as_in_a_run(cfg, multirun)
     if not values:
         return cfg
@@ -324,43 +321,7 @@ def _as_in_a_run(cfg: Any, multirun: bool = False) -> None:
     HydraConfig.instance().set_config(cfg)
 
 
-def explain(err: Exception, config_name: str, overrides: list[str]) -> str:
-    """One line for a Hydra composition error."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-
-    if isinstance(err, OverrideParseException):
-        return _bad_syntax(overrides) or _first_line(err)
-    if isinstance(err, MissingConfigException) and err.options is not None:
-        group, _, name = str(err.missing_cfg_file).rpartition("/")
-        return f"{group}={name}: no such option in {group}/{_suggest(name, err.options, '')}"
-    # Hydra's errors carry the key only in their text; tests/test_bad_input.py has a case for
-    # each pattern below, so a changed message fails there instead of printing Hydra's lines.
-    text = str(err)
-    if match := re.match(r"Could not override '([^']+)'", text):
-        return _unknown_key(match.group(1), config_name, overrides)
-    if match := re.match(r"Could not append to config\. An item is already at '([^']+)'", text):
-        key = match.group(1)
-        return f"+{key}: {key} already exists; set it without the +, as {key}=VALUE"
-    if match := re.search(r"Could not (?:delete|find) .*?'([^']+)'", text):
-        return f"{match.group(1)}: {_first_line(err)}"
-    return _first_line(err)
-
-
-def _unknown_key(key: str, config_name: str, overrides: list[str]) -> str:
-    override = next((o for o in overrides if o.split("=", 1)[0].lstrip("~+") == key), key)
-    renamed = RENAMED.get(config_name, {}).get(key)
-    if renamed:
-        return f"{override}: no such key; use {renamed} instead"
-    parent, _, leaf = key.rpartition(".")
-    keys = _keys_at(parent, config_name, [o for o in overrides if o != override])
-    keys = [k for k in keys if not k.startswith("_")]  # _target_ and co. are not settings
-    hint = _suggest(leaf, keys, f"{parent}." if parent else "") if keys else ""
-    if "did you mean" in hint:
-        return f"{override}: no such key{hint}"
-    return f"{override}: no such key{hint} (a new key needs a +: +{override.lstrip('+')})"
-
-
-def _keys_at(parent: str, config_name: str, overrides: list[str]) -> list[str]:
+def _keys_at(config_name: str, parent: str, overrides: list[str]) -> list[str]:
     """Keys of the node at `parent` in the config the other overrides compose (or the default)."""
     from omegaconf import DictConfig, OmegaConf
 
@@ -372,59 +333,3 @@ def _keys_at(parent: str, config_name: str, overrides: list[str]) -> list[str]:
         node = OmegaConf.select(cfg, parent) if parent else cfg
         return [str(k) for k in node] if isinstance(node, DictConfig) else []
     return []
-
-
-def _suggest(name: str, valid: Sequence[str], prefix: str) -> str:
-    close = difflib.get_close_matches(name, valid, n=1)
-    shown = ", ".join(list(valid)[:_SHOWN]) + (", ..." if len(valid) > _SHOWN else "")
-    mean = f"did you mean {prefix}{close[0]}? " if close else ""
-    return f"; {mean}valid: {shown}"
-
-
-def _bad_syntax(overrides: list[str]) -> str | None:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
-    for override in overrides:
-        try:
-            parser.parse_override(override)
-        except HydraException as err:
-            quoted = _quoted(override)
-            if quoted is not None and _parses(parser, quoted):
-                # Hydra's grammar takes non-ASCII letters and most symbols only inside quotes
-                how = f"quote the value as Hydra's grammar needs: {shlex.quote(quoted)}"
-            else:
-                how = "write key=value, quoting values with spaces or brackets: 'key=\"a b\"'"
-            return f"{override}: not a valid override ({_first_line(err)}); {how}"
-    return None
-
-
-def _quoted(override: str) -> str | None:
-    """`override` with its value (or each item of a [list] value) in double quotes:
-    tags=[héllo,b] -> tags=["héllo","b"]; None where it holds no plain key=value."""
-    key, eq, value = override.partition("=")
-    if not eq or not value or '"' in value or "'" in value:
-        return None
-    if value.startswith("[") and value.endswith("]"):
-        items = value[1:-1].split(",")
-        return f"{key}=[{','.join(_in_quotes(item.strip()) for item in items)}]"
-    return f"{key}={_in_quotes(value)}"
-
-
-def _in_quotes(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\") + '"'
-
-
-def _parses(parser: Any, override: str) -> bool:
-    from hydra.errors import HydraException
-
-    try:
-        parser.parse_override(override)
-    except HydraException:
-        return False
-    return True
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from conftest import CONF, run_cli, run_dirs
-from fasttrain.assemble import restore
+from fasttrain.assemble.restore import restore
 from fasttrain.config.errors import UserError
 from fasttrain.deploy import EXPORTERS, Tolerance, atomic_path, export_and_verify, failures, select
 from fasttrain.tasks import export

@@ -161,7 +161,7 @@ def test_checkpoint_stores_classes_and_the_device_normalisation(image_run) -> No
 def test_predict_names_classes_and_matches_the_host_reference(image_run, tmp_path: Path) -> None:
     import csv
 
-    from fasttrain.assemble import restore
+    from fasttrain.assemble.restore import restore
     from fasttrain.tasks import predict
 
     root, ckpt = image_run

@@ -520,6 +520,7 @@ def test_a_checkpoint_never_chooses_where_data_is_read_or_written(
     (cache_dir=...) gets neither: locations are this command line's and conf/'s. Stopped just
     before the data module is built (what it would read and write is then fixed)."""
     from fasttrain import assemble
+    from fasttrain.assemble import restore as restoring
 
     _, ckpt = trained_lm
     crafted = torch.load(ckpt, weights_only=True)
@@ -545,6 +546,6 @@ def test_a_checkpoint_never_chooses_where_data_is_read_or_written(
                                f"paths.root_dir={tmp_path}",
                                f"paths.output_dir={tmp_path}/run"])  # fmt: skip
     with pytest.raises(RuntimeError, match="stop"):
-        assemble.restore(cfg)
+        restoring.restore(cfg)
     assert seen == {"path": None, "cache_dir": f"{tmp_path}/data/text"}  # conf/'s, not its
     assert not evil.exists()

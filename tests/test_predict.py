@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from conftest import CONF, run_cli, run_dirs
-from fasttrain.assemble import restore
+from fasttrain.assemble.restore import restore
 from fasttrain.config.errors import UserError
 from fasttrain.deploy.predict import load_inputs
 from fasttrain.tasks import predict

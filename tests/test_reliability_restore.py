@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from practices import build_run, compose_train
 
 from conftest import CONF
-from fasttrain.assemble import restore
+from fasttrain.assemble.restore import restore
 
 
 @pytest.fixture(autouse=True)

@@ -186,7 +186,7 @@ def test_evaluate_says_when_the_image_files_changed(
     from hydra import compose, initialize_config_dir
 
     from conftest import CONF
-    from fasttrain.assemble import restore
+    from fasttrain.assemble.restore import restore
     from fasttrain.tasks import train
     from fasttrain.testing.fake_data import image, write_image_folder
 

@@ -19,7 +19,7 @@ from sklearn.datasets import load_digits
 from test_export import export_cfg
 from test_predict import predict_cfg
 
-from fasttrain.assemble import restore
+from fasttrain.assemble.restore import restore
 from fasttrain.tasks import export, predict
 
 HAS_ONNX = all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime", "onnxscript"))

@@ -71,7 +71,8 @@ def evaluate(cfg: Any) -> dict[str, float]:
     check_settings(cfg, "eval")  # also here: tests and notebooks call the task directly
     import lightning as L
 
-    from fasttrain.assemble import build, restore
+    from fasttrain.assemble import build
+    from fasttrain.assemble.restore import restore
 
     L.seed_everything(cfg.seed, workers=True)
     model, datamodule = restore(cfg)
@@ -88,7 +89,8 @@ def export(cfg: Any) -> dict[str, Any]:
     check_settings(cfg, "export")  # also here: tests and notebooks call the task directly
     import torch
 
-    from fasttrain.assemble import build, restore
+    from fasttrain.assemble import build
+    from fasttrain.assemble.restore import restore
     from fasttrain.deploy import export_and_verify, failures, resolve_device, run_dir_of, select
     from fasttrain.deploy.inputs import describe, input_statistics, raw_batches, with_preprocessing
     from fasttrain.models.protocols import Exportable, deploy_module, optional, require
@@ -136,7 +138,7 @@ def predict(cfg: Any) -> Path:
     check_settings(cfg, "predict")  # also here: tests and notebooks call the task directly
     from rich.console import Console
 
-    from fasttrain.assemble import restore
+    from fasttrain.assemble.restore import restore
     from fasttrain.deploy import resolve_device, torch_runner
     from fasttrain.deploy.inputs import input_statistics, with_preprocessing
     from fasttrain.deploy.predict import check_input_task, load_inputs, predict, write_predictions
@@ -307,8 +309,8 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str, pinned: list[st
             commands["view"] = view_url(pinned)
     python = shown(sys.executable)
     if ckpt:
-        # The data group and split come from the checkpoint (assemble.restore), its locations
-        # from the command line: the ones this run was given are repeated.
+        # The data group and split come from the checkpoint (fasttrain.assemble.restore), its
+        # locations from the command line: the ones this run was given are repeated.
         arg = " ".join([shell_word(f"ckpt_path={quote(shown(ckpt))}"), *data_locations()])
         commands["evaluate"] = f"{python} -m fasttrain.evaluate {arg}"
         if exportable:  # (fasttrain.models.protocols.Exportable)

@@ -14,7 +14,8 @@ import pytest
 import torch
 from omegaconf import DictConfig, open_dict
 
-from fasttrain.assemble import build_model, restore
+from fasttrain.assemble import build_model
+from fasttrain.assemble.restore import restore
 from fasttrain.checkpoints.load import load_task
 from fasttrain.models.spec import qualname
 from fasttrain.models.task import TASK_TARGET_KEY, Task

@@ -17,7 +17,7 @@ from conftest import REPO
 
 NET = {"_target_": "fasttrain.models.nets.mlp.MLP", "input_shape": [1, 8, 8], "num_classes": 10}
 ADAMW = {"_target_": "torch.optim.adamw.AdamW", "_partial_": True, "lr": 0.003}
-MLFLOW = "fasttrain.callbacks.trackers.MLflowRun"  # named in conf/logger/mlflow.yaml
+MLFLOW = "fasttrain.callbacks.mlflow_run.MLflowRun"  # named in conf/logger/mlflow.yaml
 
 
 def crafted(tmp_path: Path, **hparams: object) -> Path:

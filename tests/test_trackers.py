@@ -89,7 +89,7 @@ def test_mlflow_opens_on_model_training_with_the_config_and_summary_as_artifacts
     the run, byte for byte the run folder's; no checkpoint is copied by default."""
     from mlflow.artifacts import download_artifacts
 
-    from fasttrain.callbacks.trackers import EXPERIMENT_KIND
+    from fasttrain.callbacks.mlflow_run import EXPERIMENT_KIND
 
     proc, where = tracked
     client, run = mlflow_run(where)
@@ -117,7 +117,7 @@ def test_mlflow_opens_on_model_training_with_the_config_and_summary_as_artifacts
 def test_an_experiment_kind_chosen_in_the_ui_stays(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from fasttrain.callbacks.trackers import EXPERIMENT_KIND, MLflowRun
+    from fasttrain.callbacks.mlflow_run import EXPERIMENT_KIND, MLflowRun
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     first = MLflowRun(uri, "e", "a", str(tmp_path / "a"))
@@ -249,14 +249,14 @@ def test_printed_commands_name_what_each_tracker_wrote(tracked) -> None:
 
 
 def test_a_missing_tracker_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fasttrain.callbacks import trackers
+    from fasttrain.callbacks import mlflow_run, trackers, wandb_run
     from fasttrain.config.errors import UserError
 
     monkeypatch.setattr(trackers, "installed", lambda module: False)
     with pytest.raises(UserError, match=r"logger=mlflow needs the mlflow package: pip install"):
-        trackers.MLflowRun("sqlite:///x.db", "train", "T", "run")
+        mlflow_run.MLflowRun("sqlite:///x.db", "train", "T", "run")
     with pytest.raises(UserError, match=r"logger=wandb needs the wandb package: pip install"):
-        trackers.WandbRun("run", "p", "T")
+        wandb_run.WandbRun("run", "p", "T")
 
 
 @pytest.mark.parametrize("tags", ["a!", ["a", ["b"]], ["x" * 65], [1]])
@@ -350,7 +350,7 @@ def test_a_run_has_one_name_in_its_folder_tensorboard_and_mlflow(tmp_path: Path)
 
 
 def test_log_model_takes_what_lightning_does(tmp_path: Path) -> None:
-    from fasttrain.callbacks.trackers import MLflowRun
+    from fasttrain.callbacks.mlflow_run import MLflowRun
     from fasttrain.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^log_model='yes': expected false .*, true .* or all"):

@@ -23,7 +23,7 @@ pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
 QUICK = ["model=mlp", "trainer.max_epochs=1", "data.num_workers=0", "callbacks.progress_bar=null"]
-ID_FILE = ".mlflow-run-id"  # trackers.RUN_ID_FILE, by name: what a user finds in a run folder
+ID_FILE = ".mlflow-run-id"  # mlflow_run.RUN_ID_FILE, by name: what a user finds in a run folder
 BOUND_S = 45  # a refusal: the probe's 10 s and the start-up of a 2-core machine under load
 
 
@@ -123,7 +123,7 @@ def test_an_mlflow_server_that_never_answers_is_refused_within_the_bound(
 ) -> None:
     import mlflow.tracking  # noqa: F401  (imported before the clock starts: seconds)
 
-    from fasttrain.callbacks import trackers
+    from fasttrain.callbacks import mlflow_run, trackers
     from fasttrain.config.errors import ConfigError
 
     monkeypatch.setattr(trackers, "REACH_S", 1, raising=False)  # absent: no probe
@@ -132,18 +132,18 @@ def test_an_mlflow_server_that_never_answers_is_refused_within_the_bound(
     start = time.monotonic()
     with pytest.raises(ConfigError, match=r"^tracking_uri='http://.*no MLflow server answered "
                                           r"within 1 s; start one"):  # fmt: skip
-        trackers.MLflowRun(f"http://127.0.0.1:{silent_port}", "train", "T", "run")
+        mlflow_run.MLflowRun(f"http://127.0.0.1:{silent_port}", "train", "T", "run")
     assert time.monotonic() - start < 5
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "5"  # only the probe had none
     assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ
 
 
 def test_a_server_that_is_no_mlflow_server_is_one_line(answering_url: str) -> None:
-    from fasttrain.callbacks import trackers
+    from fasttrain.callbacks import mlflow_run
     from fasttrain.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"the server answered, but not as MLflow expects: .*404"):
-        trackers.MLflowRun(answering_url, "train", "T", "run")
+        mlflow_run.MLflowRun(answering_url, "train", "T", "run")
 
 
 @pytest.fixture
@@ -164,10 +164,10 @@ def test_wandb_online_without_an_api_key_is_one_line_and_leaves_nothing(
     wandb_session: Path,
 ) -> None:
     # Was: wandb's UsageError as a traceback (exit 1), the run folder left behind.
-    from fasttrain.callbacks import trackers
+    from fasttrain.callbacks import wandb_run
     from fasttrain.config.errors import UserError
 
-    logger = trackers.WandbRun(str(wandb_session), "fasttrain", "T", offline=False)
+    logger = wandb_run.WandbRun(str(wandb_session), "fasttrain", "T", offline=False)
     with pytest.raises(UserError) as caught:
         _ = logger.experiment
     line = str(caught.value)
@@ -193,13 +193,13 @@ def test_a_run_folder_named_with_a_quote_continues_its_mlflow_run(
 ) -> None:
     # Was: found by a filter on the folder's tag, which MLflow's parser never matched for a ' or
     # a \ (it does not unescape \'): every continued run was a new MLflow run.
-    from fasttrain.callbacks import trackers
+    from fasttrain.callbacks import mlflow_run
 
     run_dir = tmp_path / name
-    first = trackers.MLflowRun(store, "quotes", "T", str(run_dir)).run_id
-    again = trackers.MLflowRun(store, "quotes", "T", str(run_dir)).run_id
+    first = mlflow_run.MLflowRun(store, "quotes", "T", str(run_dir)).run_id
+    again = mlflow_run.MLflowRun(store, "quotes", "T", str(run_dir)).run_id
     assert again == first
-    assert trackers.RUN_ID_FILE == ID_FILE and (run_dir / ID_FILE).read_text().strip() == first
+    assert mlflow_run.RUN_ID_FILE == ID_FILE and (run_dir / ID_FILE).read_text().strip() == first
 
 
 def other_run(store: str, kind: str) -> str:
@@ -225,7 +225,7 @@ def other_run(store: str, kind: str) -> str:
 def test_an_edited_run_id_file_starts_a_new_run_said_in_one_line(
     store: str, tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from fasttrain.callbacks import trackers
+    from fasttrain.callbacks import mlflow_run
 
     run_dir = tmp_path / "run"
     kept = run_dir / ID_FILE
@@ -239,10 +239,10 @@ def test_an_edited_run_id_file_starts_a_new_run_said_in_one_line(
     else:
         kept.write_bytes(content.encode("latin-1"))
     before = kept.read_text() if content in ("elsewhere", "deleted") else None
-    with caplog.at_level(logging.WARNING, logger=trackers.__name__):
-        new = trackers.MLflowRun(store, "edited", "T", str(run_dir)).run_id
+    with caplog.at_level(logging.WARNING, logger=mlflow_run.__name__):
+        new = mlflow_run.MLflowRun(store, "edited", "T", str(run_dir)).run_id
     assert new != before
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == trackers.__name__]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == mlflow_run.__name__]
     assert ID_FILE in warning and "a new MLflow run" in warning
     assert kept.read_text().strip() == new  # the next continued run goes on as this one
 

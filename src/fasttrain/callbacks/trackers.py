@@ -20,81 +20,48 @@ folder, RUN_ID_FILE) and W&B run id.
 A tracker on the network (an MLflow server, W&B online) that does not answer is one line before
 the run starts, after a bounded wait (REACH_S, START_S), instead of minutes of the clients'
 retries; nothing is left of the attempt.
+
+The loggers: fasttrain.callbacks.mlflow_run.MLflowRun, fasttrain.callbacks.wandb_run.WandbRun;
+here what they share and what the train task calls on them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib.util
-import logging
-import os
-import re
-import shlex
 import ssl
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
-from lightning.pytorch.loggers.logger import rank_zero_experiment
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.loggers import Logger
 
-from fasttrain import shown
-from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.config.settings import run_tags
+from fasttrain.config.errors import UserError
 
-log = logging.getLogger(__name__)
-
-# The MLflow tag that names the run folder (for a reader of the store; the run is found again by
-# RUN_ID_FILE: MLflow's filter parser does not unescape a quote, so a folder name holding ' or \
-# never matched a search by the tag).
-RUN_DIR_TAG = "fasttrain.run_dir"
-# In the run folder: the id of its MLflow run, read back when the run is continued.
-RUN_ID_FILE = ".mlflow-run-id"
-# The experiment tag MLflow 3 keeps an experiment's kind in (the kind selector of its page), and
-# the kind of a training run. The UI opens on the sidebar's GenAI / Model training switch, kept
-# in the browser; `workflowType=machine_learning` in the address sets it (view_url).
-EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-WORKFLOW_QUERY = "workflowType=machine_learning"
-# Artifacts of every run: the composed config and the overrides (Hydra's, beside the run), and
-# the performance summary (fasttrain.callbacks.perf) once the run ends. Small text files only;
-# checkpoints are uploaded only with log_model.
-CONFIG_FILES = (".hydra/config.yaml", ".hydra/overrides.yaml")
-CONFIG_ARTIFACTS = "config"
-SUMMARY_FILES = ("perf_summary.json",)
-CHECKPOINT_ARTIFACTS = "checkpoint"  # the best checkpoint's file, with log_model=true
-# The run's Description on its page (MLflow's own tag), written by record_end
-NOTE_TAG, NOTE_HEAD = "mlflow.note.content", "Final values (fasttrain):"
-# The ids MLflow gives runs (uuid4 hex): what is read back from RUN_ID_FILE must be one.
-_MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")
-_MLFLOW_UNSAFE = re.compile(r"[^a-zA-Z0-9_/. -]+")
 # Seconds a server gets to answer one request before the run starts (MLflow's client retries 7
 # times with backoff by default: minutes), and W&B to start an online run (its default is 90).
 REACH_S = 10
 START_S = 30
-WANDB_ONLINE = "logger.wandb.offline=false"  # the override of conf/logger/wandb.yaml
 
 
 def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _require(module: str, override: str) -> None:
+def require(module: str, override: str) -> None:
     """One line naming the extra to install, instead of Lightning's ModuleNotFoundError."""
     if not installed(module):
         raise UserError(f"{override} needs the {module} package: pip install -e '.[{module}]' "
                         f"(make install includes it), or choose another logger")  # fmt: skip
 
 
-def _without_epoch(metrics: Mapping[str, Any]) -> dict[str, Any]:
+def without_epoch(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if k != "epoch"}
 
 
-def _executable(name: str) -> str:
+def executable(name: str) -> str:
     """The tool of this very environment (a bare name is found only with the venv activated)."""
     exe = Path(sys.executable).parent / name
     try:
@@ -103,254 +70,12 @@ def _executable(name: str) -> str:
         return str(exe)
 
 
-class MLflowRun(MLFlowLogger):
-    """Lightning's MLFlowLogger for one fasttrain run.
-
-    Args:
-        tracking_uri: where runs are recorded (default: a SQLite file under `logs/`).
-        experiment_name: the MLflow experiment (default: the task, e.g. `train`).
-        run_name: the MLflow run's name (default: the run folder's name).
-        run_dir: the run folder, kept as a tag: the same folder continues the same MLflow run.
-        tags: the run's `tags=`, each an MLflow tag (with an empty value).
-        artifact_location: where a new experiment keeps artifacts (the config, the performance
-            summary and, with log_model, checkpoints).
-        log_model: also upload checkpoints: False (default) records the best checkpoint's
-            path only (the `checkpoint` tag); True uploads the best checkpoint's file as well
-            (artifact `checkpoint/`, at the end of the run); "all": every checkpoint as it is
-            saved (Lightning's MLFlowLogger, one artifact folder per file).
-    """
-
-    def __init__(self, tracking_uri: str, experiment_name: str, run_name: str, run_dir: str,
-                 tags: Sequence[str] | str = (), artifact_location: str | None = None,
-                 log_model: bool | str = False) -> None:  # fmt: skip
-        _require("mlflow", "logger=mlflow")
-        if log_model not in (True, False, "all"):
-            raise ConfigError("log_model", log_model, "expected false (the best "
-                              "checkpoint's path only), true (upload the best checkpoint) or "
-                              "all (every checkpoint as it is saved)")  # fmt: skip
-        _check_mlflow_server(tracking_uri)
-        labels = {tag: "" for tag in run_tags(tags)} | {RUN_DIR_TAG: str(Path(run_dir).absolute())}
-        with _one_at_a_time(tracking_uri):  # the client creates (migrates) a new database
-            super().__init__(experiment_name=experiment_name, run_name=run_name,
-                             tracking_uri=tracking_uri, tags=labels,
-                             artifact_location=artifact_location,
-                             log_model="all" if log_model == "all" else False)  # fmt: skip
-        # Lightning's log_model=True uploads the checkpoints of the callback that saved last
-        # (last.ckpt here, not the best): the best is uploaded in record_end instead.
-        self._upload_best = log_model is True
-        self._run_dir = labels[RUN_DIR_TAG]
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> Any:
-        if self._initialized:
-            return super().experiment
-        with _one_at_a_time(self._tracking_uri):  # two runs would both create the experiment
-            if self._run_id is None:
-                self._run_id = self._continued_run()
-            client = super().experiment
-            _keep_run_id(Path(self._run_dir) / RUN_ID_FILE, str(self._run_id))
-            _mark_model_training(client, str(self._experiment_id))
-            return client
-
-    def _continued_run(self) -> str | None:
-        """The MLflow run this run folder recorded (RUN_ID_FILE), if it is still a run of this
-        experiment in the store. The file is anyone's to edit: whatever else it holds starts a
-        new MLflow run, said in one line."""
-        path = Path(self._run_dir) / RUN_ID_FILE
-        if not path.exists() and not path.is_symlink():
-            return None
-        kept = _read_run_id(path)
-        if kept is not None and self._is_run_here(kept):
-            return kept
-        log.warning("%s names no run of MLflow experiment %r in %s: this run is a new MLflow run",
-                    shown(path), self._experiment_name, self._tracking_uri)  # fmt: skip
-        return None
-
-    def _is_run_here(self, run_id: str) -> bool:
-        from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(self._tracking_uri)
-        try:
-            run = client.get_run(run_id)
-        except MlflowException:  # not in the store
-            return False
-        found = client.get_experiment_by_name(self._experiment_name)
-        return (found is not None and found.lifecycle_stage == "active"
-                and run.info.experiment_id == found.experiment_id
-                and run.info.lifecycle_stage == "active")  # fmt: skip
-
-    @rank_zero_only
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        """Lightning's own call passes the module's constructor arguments (whole nets among
-        them): the run's hyperparameters are `record_start`'s."""
-
-    @rank_zero_only
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        # MLflow's metric names: letters, digits and _ / . - space; Lightning drops any other
-        # character with a warning per name (per-layer gradient norms: "... (Linear)").
-        named = {_MLFLOW_UNSAFE.sub("", k): v for k, v in _without_epoch(metrics).items()}
-        super().log_metrics(named, step)
-
-    @rank_zero_only
-    def record_start(self, hparams: Mapping[str, Any]) -> None:
-        # Params are write-once in MLflow: a continued run logs only the ones it lacks.
-        logged = self.experiment.get_run(self.run_id).data.params
-        super().log_hyperparams({k: v for k, v in hparams.items() if k not in logged})
-        self._log_files(CONFIG_FILES, CONFIG_ARTIFACTS)
-
-    @rank_zero_only
-    def record_end(self, final: Mapping[str, float], step: int, checkpoint: str | None) -> None:
-        """The final val/ and test/ values are the latest values of those metrics already (the
-        runs table's columns, the run page's table): no `final/*` copies. The performance
-        summary is an artifact (perf_summary.json), the best checkpoint's path a tag."""
-        self._log_files(SUMMARY_FILES, None)
-        kept = self.experiment.get_run(self.run_id).data.tags.get(NOTE_TAG, "")
-        if not kept or kept.startswith(NOTE_HEAD):  # a description written in the UI stays
-            self.experiment.set_tag(self.run_id, NOTE_TAG, _note(final))
-        if checkpoint:
-            self.experiment.set_tag(self.run_id, "checkpoint", str(Path(checkpoint).absolute()))
-            if self._upload_best:
-                self.experiment.log_artifact(self.run_id, checkpoint, CHECKPOINT_ARTIFACTS)
-
-    def _log_files(self, names: Sequence[str], artifact_path: str | None) -> None:
-        for name in names:
-            path = Path(self._run_dir) / name
-            if path.is_file():
-                self.experiment.log_artifact(self.run_id, str(path), artifact_path)
-
-    def show_command(self) -> str:
-        # One worker: MLflow's default four, each starting its app, were killed and restarted
-        # in a loop on a loaded 2-core machine and the page never answered.
-        store = shlex.quote(self._tracking_uri)
-        return f"{_executable('mlflow')} ui --backend-store-uri {store} {MLFLOW_UI_ARGS}"
-
-    def view_url(self) -> str:
-        """The experiment's runs in the page `show_command` serves, on Model training."""
-        return f"{MLFLOW_UI_URL}/#/experiments/{self._experiment_id}?{WORKFLOW_QUERY}"
-
-
-MLFLOW_UI_ARGS = "--host 127.0.0.1 --port 5000 --workers 1"
-MLFLOW_UI_URL = "http://127.0.0.1:5000"
-
-
-def _note(final: Mapping[str, float]) -> str:
-    """The run page's Description, above its metrics: the final test and val values."""
-    shown = sorted((k for k in final if k.startswith(("test/", "val/"))), key=lambda k: (k[0], k))
-    rows = [f"| {k} | {float(final[k]):.4g} |" for k in shown]
-    return "\n".join([NOTE_HEAD, "", "| metric | value |", "|---|---|", *rows])
-
-
-def _mark_model_training(client: Any, experiment_id: str) -> None:
-    """EXPERIMENT_KIND on an experiment that has no kind yet (one chosen in the UI stays)."""
-    key, kind = EXPERIMENT_KIND
-    if key not in client.get_experiment(experiment_id).tags:
-        client.set_experiment_tag(experiment_id, key, kind)
-
-
-@contextlib.contextmanager
-def _one_at_a_time(tracking_uri: str | None) -> Iterator[None]:
-    """Hold a lock beside a SQLite tracking database: two runs started at once would both create
-    its tables (the second fails: "duplicate column name") or the same experiment."""
-    path = tracking_uri.removeprefix("sqlite:///") if tracking_uri else ""
-    if not (tracking_uri or "").startswith("sqlite:///") or sys.platform == "win32":
-        yield
-        return
-    import fcntl
-
-    lock = Path(path + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _read_run_id(path: Path) -> str | None:
-    """The run id in `path`, or None unless it is one of MLflow's. Only a regular file is read,
-    and only its first bytes: a FIFO would block, a symlink to a device never end."""
-    if not path.is_file():
-        return None
-    try:
-        with path.open("rb") as handle:
-            text = handle.read(64).decode("ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text if _MLFLOW_RUN_ID.fullmatch(text) else None
-
-
-def _keep_run_id(path: Path, run_id: str) -> None:
-    """RUN_ID_FILE, replaced whole: a run stopped while writing leaves the old id or the new."""
-    if _read_run_id(path) == run_id:
-        return
-    part = path.with_name(path.name + ".part")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part.write_text(run_id + "\n")
-        os.replace(part, path)  # replaces a symlink itself, never the file it points to
-    except OSError as err:  # a folder in its place, say: the run goes on, not found again
-        part.unlink(missing_ok=True)
-        log.warning("%s: the MLflow run id cannot be kept (%s): continuing this run folder will "
-                    "start a new MLflow run", shown(path), err.strerror or err)  # fmt: skip
-
-
-def _check_mlflow_server(tracking_uri: str) -> None:
-    """One request to an MLflow server, with the client's retries off and its timeout REACH_S
-    (MLflow's own knobs, for this request only): one that does not answer is refused now, not
-    after minutes of retries. The run's own requests keep the defaults (a blip mid-run is
-    retried)."""
-    if not tracking_uri.startswith(("http://", "https://")):
-        return
-    from mlflow.environment_variables import (
-        MLFLOW_HTTP_REQUEST_MAX_RETRIES,
-        MLFLOW_HTTP_REQUEST_TIMEOUT,
-    )
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    bounded = {MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0",
-               MLFLOW_HTTP_REQUEST_TIMEOUT.name: str(REACH_S)}  # fmt: skip
-    try:
-        with _environ(bounded):
-            MlflowClient(tracking_uri).search_experiments(max_results=1)
-    except MlflowException as err:
-        raise ConfigError("tracking_uri", tracking_uri, _mlflow_refusal(err)) from None
-
-
-def _mlflow_refusal(err: Exception) -> str:
-    import requests
-
-    # MLflow raises its exception inside the handler of the transport's: a connection refused or
-    # timed out is that context; an error status is the server's answer.
-    if isinstance(err.__context__, requests.RequestException):
-        return (f"no MLflow server answered within {REACH_S} s; start one (mlflow server), or "
-                "drop the override for the default SQLite store under logs/")  # fmt: skip
-    return f"the server answered, but not as MLflow expects: {_first_line(err)}"
-
-
-@contextlib.contextmanager
-def _environ(values: Mapping[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def _first_line(err: Exception, limit: int = 200) -> str:
+def first_line(err: Exception, limit: int = 200) -> str:
     lines = str(err).strip().splitlines() or [type(err).__name__]
     return lines[0][:limit].rstrip(". ")
 
 
-def _answers(url: str, timeout: float) -> bool:
+def answers(url: str, timeout: float) -> bool:
     """Whether anything answers HTTP at `url` within `timeout` seconds. An error status or a
     TLS failure is an answer: the client then says what is wrong itself."""
     try:
@@ -364,131 +89,28 @@ def _answers(url: str, timeout: float) -> bool:
     return True
 
 
-class WandbRun(WandbLogger):
-    """Lightning's WandbLogger for one fasttrain run, offline unless told otherwise.
+@runtime_checkable
+class Tracker(Protocol):
+    """What the train task asks of a tracker's logger (MLflowRun, WandbRun)."""
 
-    Args:
-        save_dir: the run folder; W&B writes its `wandb/` folder there.
-        project: the W&B project (the package's name; the task is the run's group).
-        name: the W&B run's name (default: the run folder's name).
-        tags: the run's `tags=`.
-        offline: record locally only, no account or network needed (`wandb sync` uploads it).
-        kwargs: passed on to `wandb.init` (entity, group, notes, ...).
-    """
+    def record_start(self, hparams: Mapping[str, Any]) -> None: ...
 
-    def __init__(self, save_dir: str, project: str, name: str, tags: Sequence[str] | str = (),
-                 offline: bool = True, **kwargs: Any) -> None:  # fmt: skip
-        _require("wandb", "logger=wandb")
-        # One id per run folder: a continued run (resume=auto) goes on as the same W&B run.
-        run_id = hashlib.sha1(str(Path(save_dir).absolute()).encode()).hexdigest()[:16]
-        # An online run that cannot start fails after START_S, not W&B's 90 s.
-        bounded = {} if "WANDB_INIT_TIMEOUT" in os.environ else {"init_timeout": START_S}
-        kwargs = {"id": run_id, "resume": "allow", "settings": bounded, **kwargs}
-        super().__init__(name=name, save_dir=save_dir, project=project, offline=offline,
-                         tags=run_tags(tags), **kwargs)  # fmt: skip
-        self._command = ""
-        import wandb
+    def record_end(self, final: Mapping[str, float], step: int,
+                   checkpoint: str | None) -> None: ...  # fmt: skip
 
-        # Lightning's logger would go on writing into a run still open in this process (the
-        # previous job of a sweep, one that failed before its end): not this run's.
-        if wandb.run is not None and wandb.run.id != run_id:
-            wandb.finish()
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> Any:
-        """The W&B run. Online, a server that does not answer, or a run W&B cannot start (no API
-        key), is one line (UserError) and leaves no files of the attempt."""
-        if self._experiment is not None or self._offline or _offline_by_env():
-            return super().experiment
-        import wandb
-
-        _check_wandb_server(wandb.setup().settings.base_url)
-        folder = Path(str(self._save_dir)) / "wandb"
-        before = set(folder.iterdir()) if folder.is_dir() else set()
-        try:
-            return super().experiment
-        except wandb.Error as err:  # no API key, a refused key, a start timed out
-            _remove_new(folder, before)
-            raise UserError(
-                f"{WANDB_ONLINE}: W&B could not start the run: {_first_line(err)}; {_GO_ONLINE}"
-            ) from None
-
-    @rank_zero_only
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        """Lightning's own call (the module's constructor arguments): see `record_start`."""
-
-    @rank_zero_only
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        super().log_metrics(_without_epoch(metrics), step)
-
-    @rank_zero_only
-    def record_start(self, hparams: Mapping[str, Any]) -> None:
-        self.experiment.config.update(dict(hparams), allow_val_change=True)
-
-    @rank_zero_only
-    def record_end(self, final: Mapping[str, float], step: int, checkpoint: str | None) -> None:
-        """The last record of the run; the run is then finished (written out whole, and not
-        reused by a later run in this process)."""
-        self.log_metrics({f"final/{k}": float(v) for k, v in final.items()}, step)
-        run = self.experiment
-        if checkpoint:
-            run.summary["checkpoint"] = str(Path(checkpoint).absolute())
-        if self._offline:
-            self._command = f"{_executable('wandb')} sync {shlex.quote(str(Path(run.dir).parent))}"
-        else:
-            self._command = str(getattr(run, "url", "") or "")
-        run.finish()
-
-    def show_command(self) -> str:
-        """What uploads (offline) or shows (online) the run, once `record_end` has run."""
-        return self._command
-
-
-_GO_ONLINE = ("set WANDB_API_KEY (or run `wandb login`) for a server that answers, or keep "
-              "logger.wandb.offline=true and `wandb sync` the run folder later")  # fmt: skip
-
-
-def _offline_by_env() -> bool:
-    """WANDB_MODE=offline (or disabled) wins over offline=false in wandb.init: nothing to reach."""
-    return os.environ.get("WANDB_MODE", "") in ("offline", "dryrun", "disabled")
-
-
-def _check_wandb_server(base_url: str) -> None:
-    # wandb.init retries an unreachable server until its init timeout, then fails with a
-    # traceback and a half-made run folder: a quick probe refuses it first, and writes nothing.
-    if not _answers(base_url, REACH_S):
-        raise UserError(f"{WANDB_ONLINE}: no W&B server answered at {base_url} within "
-                        f"{REACH_S} s; {_GO_ONLINE}")  # fmt: skip
-
-
-def _remove_new(folder: Path, before: set[Path]) -> None:
-    """What a failed wandb.init wrote into `folder` (the run's files, its logs), and the folder
-    itself where it made it."""
-    import shutil
-
-    if not folder.is_dir():
-        return
-    for path in set(folder.iterdir()) - before:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-    if not before:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+    def shown_commands(self) -> dict[str, str]: ...
 
 
 def record_start(loggers: Sequence[Logger], hparams: Mapping[str, Any]) -> None:
     for logger in loggers:
-        if isinstance(logger, (MLflowRun, WandbRun)):
+        if isinstance(logger, Tracker):
             logger.record_start(hparams)
 
 
 def record_end(loggers: Sequence[Logger], final: Mapping[str, float], step: int,
                checkpoint: str | None) -> None:  # fmt: skip
     for logger in loggers:
-        if isinstance(logger, (MLflowRun, WandbRun)):
+        if isinstance(logger, Tracker):
             logger.record_end(final, step, checkpoint)
 
 
@@ -496,9 +118,6 @@ def commands(loggers: Sequence[Logger]) -> dict[str, str]:
     """What opens each tracker's record of the run, by tracker."""
     shown: dict[str, str] = {}
     for logger in loggers:
-        if isinstance(logger, MLflowRun):
-            shown["MLflow"] = logger.show_command()
-            shown["MLflow view"] = logger.view_url()
-        elif isinstance(logger, WandbRun) and logger.show_command():
-            shown["W&B"] = logger.show_command()
+        if isinstance(logger, Tracker):
+            shown.update(logger.shown_commands())
     return shown

@@ -51,7 +51,7 @@ _MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")
 _MLFLOW_UNSAFE = re.compile(r"[^a-zA-Z0-9_/. -]+")
 
 
-class MLflowRun(MLFlowLogger):
+class MLflowRun(MLFlowLogger, trackers.Tracker):
     """Lightning's MLFlowLogger for one fasttrain run.
 
     Args:

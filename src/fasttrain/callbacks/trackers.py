@@ -34,7 +34,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from lightning.pytorch.loggers import Logger
 
@@ -89,16 +89,18 @@ def answers(url: str, timeout: float) -> bool:
     return True
 
 
-@runtime_checkable
-class Tracker(Protocol):
-    """What the train task asks of a tracker's logger (MLflowRun, WandbRun)."""
+class Tracker:
+    """What the train task asks of a tracker's logger (MLflowRun, WandbRun inherit it). A base
+    class, not a Protocol: fast_dev_run's DummyLogger answers every attribute with a no-op."""
 
-    def record_start(self, hparams: Mapping[str, Any]) -> None: ...
+    def record_start(self, hparams: Mapping[str, Any]) -> None:
+        raise NotImplementedError
 
-    def record_end(self, final: Mapping[str, float], step: int,
-                   checkpoint: str | None) -> None: ...  # fmt: skip
+    def record_end(self, final: Mapping[str, float], step: int, checkpoint: str | None) -> None:
+        raise NotImplementedError
 
-    def shown_commands(self) -> dict[str, str]: ...
+    def shown_commands(self) -> dict[str, str]:
+        raise NotImplementedError
 
 
 def record_start(loggers: Sequence[Logger], hparams: Mapping[str, Any]) -> None:

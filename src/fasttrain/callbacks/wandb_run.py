@@ -24,7 +24,7 @@ from fasttrain.config.settings import run_tags
 WANDB_ONLINE = "logger.wandb.offline=false"  # the override of conf/logger/wandb.yaml
 
 
-class WandbRun(WandbLogger):
+class WandbRun(WandbLogger, trackers.Tracker):
     """Lightning's WandbLogger for one fasttrain run, offline unless told otherwise.
 
     Args:

@@ -5,6 +5,7 @@ and every bad input of the text data and of generation: one line, exit 2, nothin
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -459,7 +460,8 @@ def test_gpt_trains_on_cuda_in_bf16_with_windows_on_the_device(tmp_path: Path) -
     proc = run_cli(["train.py", *SMALL, *LEARNS, f"data.path={corpus}", "trainer=gpu",
                     "trainer.precision=bf16-mixed", "data.on_device=true", "model.compile=true",
                     f"data.cache_dir={tmp_path}/cache", "run_name=cuda"], tmp_path / "logs",
-                   timeout=600)  # fmt: skip
+                   timeout=600,  # run_cli hides the GPUs unless told: this run needs one
+                   CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "logs" / "train" / "cuda"
     assert json.loads((run / "metrics.json").read_text())["metrics"]["test/loss"] < 3.5

@@ -46,9 +46,9 @@ if [ -n "$missing" ]; then
     echo "error: install them or pass --wheels DIR (a folder of wheels; antlr4 ships only as an sdist: build its wheel first)" >&2
     exit 2
   fi
-  # Pin the installed torch so nothing from the wheel folder can replace it.
-  torch_pin="torch==$($PY -c 'import torch; print(torch.__version__)')"
-  $PY -m pip install --no-index --find-links "$WHEELS" $missing "$torch_pin" || exit 2
+  # --no-deps: nothing from the wheel folder may replace the machine's torch (a pin on it is no
+  # help: pip then looks for torch in the folder and fails); hydra-core's own needs are the others
+  $PY -m pip install --no-index --no-deps --find-links "$WHEELS" $missing || exit 2
 fi
 # The project itself, without touching dependencies (editable: src/ and conf/ stay here).
 $PY -c 'import fasttrain' 2>/dev/null || $PY -m pip install --no-deps --no-build-isolation -e . >/dev/null || \

@@ -160,7 +160,8 @@ def gpu(args: argparse.Namespace, tmp: Path) -> dict:
     from fasttrain.models.nets import ResNet
     from fasttrain.testing.fake_data import write_cifar10
 
-    device = torch.device("cuda")
+    # --smoke without a GPU runs this comparison on the CPU: it proves the script still runs
+    device = torch.device("cuda" if torch.cuda.is_available() or not args.smoke else "cpu")
     torch.backends.cudnn.benchmark = True
     write_cifar10(tmp / "cifar", per_batch=2000 if not args.smoke else 40, test=100)
     stats = {"mean": [125.31, 122.96, 113.86], "std": [62.99, 62.09, 66.70]}
@@ -172,14 +173,16 @@ def gpu(args: argparse.Namespace, tmp: Path) -> dict:
     mean, std = dm.input_statistics()
     train = dm.splits["train"]
 
-    def host_float(image: np.ndarray) -> torch.Tensor:
-        return (train.transform(image).float() - mean) / std  # float32 on the host
+    def host_float(image: np.ndarray, generator: torch.Generator) -> torch.Tensor:
+        # float32 on the host; the generator: the item's position-seeded augmentation
+        return (train.transform(image, generator).float() - mean) / std
 
-    float_split = Images(train.items, train.labels, train.load, host_float)
+    float_split = Images(train.items, train.labels, train.load, host_float, train.seed)
     net = ResNet([3, 32, 32], 10, channels=[64, 128, 256, 512], blocks=[2, 2, 2, 2])
     net = net.to(device, memory_format=torch.channels_last)
     steps = 10 if args.smoke else 150
-    out: dict = {"device": torch.cuda.get_device_name(), "batch_size": args.batch,
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    out: dict = {"device": name, "batch_size": args.batch,
                  "workers": dm.num_workers}  # fmt: skip
     for _ in range(1 if args.smoke else 2):
         uint8 = data_wait_share(dm.train_dataloader(), net, device, steps, mean, std)

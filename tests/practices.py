@@ -4,6 +4,7 @@ effect can be inspected directly."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,17 @@ def build_run(cfg: DictConfig, callbacks: list[Any] = (), **model_kwargs: Any):
     from fasttrain.assemble import build_run as assemble
 
     return assemble(cfg, callbacks, **model_kwargs)
+
+
+def seen_in_training(look: Callable[[Any, Any], Any]) -> Any:
+    """A callback keeping `look(trainer, module)` from the last training batch in `.seen`: what
+    the run looked like while it trained (fit's end moves the module back to the CPU)."""
+    import lightning as L
+
+    class SeenInTraining(L.Callback):
+        seen: Any = None
+
+        def on_train_batch_end(self, trainer: Any, module: Any, *args: Any) -> None:
+            self.seen = look(trainer, module)
+
+    return SeenInTraining()

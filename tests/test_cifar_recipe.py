@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from practices import build_run, compose_train
+from practices import build_run, compose_train, seen_in_training
 
 from conftest import REPO, run_cli
 from fasttrain.config.errors import ConfigError
@@ -307,11 +307,16 @@ def test_recipe_compiled_on_cuda(tmp_path: Path) -> None:
         "trainer.limit_val_batches=0", "+trainer.num_sanity_val_steps=0", "test=false",
         "logger=none", "callbacks.checkpoint=null", "callbacks.best=null", quick=False,
     )  # fmt: skip
-    trainer, model, datamodule = build_run(cfg)
+    watch = seen_in_training(lambda trainer, model: (
+        next(model.parameters()).device.type,
+        trainer.datamodule._device_splits["train"].tensors[0].device.type,
+    ))  # fmt: skip
+    trainer, model, datamodule = build_run(cfg, [watch])
     trainer.fit(model, datamodule=datamodule)
     assert trainer.global_step == 6 and trainer.precision == "bf16-mixed"
-    assert model.hparams["compile"] and next(model.parameters()).device.type == "cuda"
-    assert datamodule._device_splits["train"].tensors[0].device.type == "cuda"
+    # while it trained: the weights and the training images on the GPU (fit's end moves the
+    # module back to the CPU)
+    assert model.hparams["compile"] and watch.seen == ("cuda", "cuda")
     assert torch.isfinite(model._train_sums).all()
 
 

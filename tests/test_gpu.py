@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from practices import build_run, compose_train
+from practices import build_run, compose_train, seen_in_training
 
 from fasttrain import fit
 from fasttrain.models.nets import MLP
@@ -61,10 +61,15 @@ def test_channels_last_and_compile_on_cuda(tmp_path: Path) -> None:
         tmp_path, *GPU, "model/net=small_cnn", "model.channels_last=true", "model.compile=true",
         "trainer.precision=bf16-mixed",
     )  # fmt: skip
-    trainer, model, datamodule = build_run(cfg)
+
+    def first_conv(trainer, model) -> tuple[bool, bool]:
+        conv = next(m for m in model.net.modules() if isinstance(m, torch.nn.Conv2d))
+        return conv.weight.is_cuda, conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+    watch = seen_in_training(first_conv)
+    trainer, model, datamodule = build_run(cfg, [watch])
     trainer.fit(model, datamodule=datamodule)
-    conv = next(m for m in model.net.modules() if isinstance(m, torch.nn.Conv2d))
-    assert conv.weight.is_cuda and conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert watch.seen == (True, True)  # on the GPU, channels_last, while it trained
     assert model.net._compiled_call_impl is not None  # nn.Module.compile() in place
     assert trainer.global_step == 4
 

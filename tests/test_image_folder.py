@@ -315,6 +315,11 @@ def test_data_loading_benchmark_still_runs() -> None:
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert '"decode_ceiling"' in proc.stdout and '"data_wait_share"' in proc.stdout
+    # the GPU comparison (uint8 to the device vs float32 from the host), here on the CPU
+    proc = subprocess.run([sys.executable, "bench/data_loading.py", "--smoke", "--device", "cuda"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"uint8_to_device"' in proc.stdout and '"float32_host"' in proc.stdout
 
 
 @pytest.mark.slow  # a training process with a loader worker (~15 s)

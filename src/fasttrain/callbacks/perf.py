@@ -75,6 +75,8 @@ class PerfMonitor(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._device = pl_module.device
         self._cuda = self._device.type == "cuda"
+        if self._cuda:  # this run's peak: not one left by earlier work in the process (a sweep)
+            torch.cuda.reset_peak_memory_stats(self._device)
         self._world = trainer.world_size
         # Set on the trainer at run time by Lightning's logger connector, hence unknown to mypy.
         self._every = max(1, trainer.log_every_n_steps)  # type: ignore[attr-defined]

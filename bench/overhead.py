@@ -738,8 +738,9 @@ def main() -> None:
         if args.profile:
             owners = profile(warmup, measured * 3, out)
             print(json.dumps(owners, indent=2))
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            (RESULTS / "cpu_profile.json").write_text(json.dumps(owners, indent=2) + "\n")
+            path = args.json or RESULTS / "cpu_profile.json"  # gpu_check.sh names its own
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(owners, indent=2) + "\n")
             return
         results = {
             "machine": machine(),

@@ -317,14 +317,14 @@ def test_two_runs_at_once_share_a_new_mlflow_database(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # a sweep of two short runs with MLflow (~30 s): CI runs it in make test-slow
-def test_a_run_has_one_name_in_its_folder_tensorboard_and_mlflow(tmp_path: Path) -> None:
+def test_a_run_has_one_name_in_its_folder_tensorboard_mlflow_and_wandb(tmp_path: Path) -> None:
     # The default name holds the time: read again when MLflow started, a sweep job's MLflow run
     # was `<time>_seed=1` while its folder (and TensorBoard) said `multirun/<time>/0_seed=1`.
     from mlflow.tracking import MlflowClient
     from test_reliability_run_sweeps import jobs_of
 
     # The two jobs differ in log_model: the best checkpoint's file is uploaded only when asked.
-    args = ["-m", "logger=mlflow", "model=mlp", "trainer.max_epochs=1", "data.num_workers=0",
+    args = ["-m", "logger=many", "model=mlp", "trainer.max_epochs=1", "data.num_workers=0",
             "callbacks.progress_bar=null", "test=false",
             "logger.mlflow.log_model=false,true"]  # fmt: skip
     proc = train(args, tmp_path)
@@ -332,6 +332,11 @@ def test_a_run_has_one_name_in_its_folder_tensorboard_and_mlflow(tmp_path: Path)
     home = tmp_path / "logs" / "train"
     folders = [job.relative_to(home).as_posix() for job in jobs_of(tmp_path)]
     assert len(folders) == 2 and all(name.startswith("multirun/") for name in folders), folders
+    # TensorBoard's run is the folder (its events are in it); W&B's is the run's display name
+    for job, folder in zip(jobs_of(tmp_path), folders, strict=True):
+        (file,) = (job / "wandb").glob("offline-run-*/run-*.wandb")
+        (run,) = [r.run for r in of_kind(wandb_records(file), "run")]
+        assert run.display_name == folder and list(job.glob("events.out.tfevents.*"))
     client = MlflowClient(f"sqlite:///{tmp_path}/logs/mlflow.db")
     (experiment,) = [e for e in client.search_experiments() if e.name == "train"]
     runs = client.search_runs([experiment.experiment_id])

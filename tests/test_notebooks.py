@@ -74,6 +74,7 @@ print("PROBE" + json.dumps({
 """
 
 
+@pytest.mark.slow  # four training runs, then a kernel (~2 min on 2 cores): make test-slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes(path: Path, log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nbformat = pytest.importorskip("nbformat")

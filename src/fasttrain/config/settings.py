@@ -19,7 +19,7 @@ Device = Literal["auto", "cpu", "cuda"]
 SEED_MAX = 2**32 - 1  # numpy's and Lightning's seed range
 NAME_MAX = 255  # bytes in one file name on common file systems
 # Scheduler arguments that give a schedule's length (CosineAnnealingLR, OneCycleLR): left out of
-# the scheduler config, the task (fasttrain.models.task) sets them to the run's length.
+# the scheduler config, the task (fasttrain.models.optim_plan) sets them to the run's length.
 RUN_LENGTH_ARGS = ("T_max", "total_steps")
 
 

@@ -11,7 +11,7 @@ clipping, GradScaler, lr scaling (every group by the same factor), every schedul
 lr, initial_lr included), the checkpoint's optimizer state and its resume.
 
 Which matrices are hidden is the net's structure, not something the optimizer can tell from
-tensors: the task marks them (`mark_hidden_matrices`, from fasttrain.models.task) before it
+tensors: the task marks them (`mark_hidden_matrices`, from models.optim_plan) before it
 builds the optimizer. Hidden: the 2-D weights of every nn.Linear but the net's last one (its
 output layer), shared with no embedding. A GPT's are the attention and MLP matrices of its
 blocks; a conv net's filters (4-D) are not, so a net of conv layers and one output layer has none
@@ -44,7 +44,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
             (a language model's: matrices only) wins.
     """
 
-    # Read by fasttrain.models.task: mark the hidden matrices' groups before building this.
+    # Read by fasttrain.models.optim_plan: mark the hidden matrices' groups before building this.
     takes_hidden_matrices: ClassVar[bool] = True
 
     def __init__(

@@ -14,7 +14,7 @@ class WarmupCosine(LRScheduler):
     """Linear warm-up from ~0 to the optimizer's lr over `warmup_steps`, then a cosine down to
     `min_lr_ratio` x lr at `total_steps` (and flat after), as transformers are trained (GPT-2,
     nanoGPT). Its length `total_steps` left out of the config is set to the run's length
-    (fasttrain.models.task), and re-planned when a resumed run is made longer: it is in the
+    (fasttrain.models.optim_plan), and re-planned when a resumed run is made longer: it is in the
     state_dict, as T_max is in CosineAnnealingLR's."""
 
     def __init__(

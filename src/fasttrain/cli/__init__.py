@@ -4,16 +4,17 @@ exit codes: 0 done, 1 a crash (traceback), 2 bad input (one `error:` line, nothi
 lost), 143/130 stopped by SIGTERM/Ctrl-C (fasttrain.fit).
 
 Before Hydra starts: every job's config is composed and checked (config/overrides.py) and
-what it configures is built and thrown away (`construct_each`), so a bad value anywhere in a
-sweep is refused before the sweep folder exists. A single run then claims its folder
-(`RunClaim`): a lock a second run with the same run_name respects, the checks that could refuse
-to resume it, and, with resume=never, the old run moved aside; Hydra is pinned to that folder.
+what it configures is built and thrown away (`construct_each`, cli/build.py), so a bad value
+anywhere in a sweep is refused before the sweep folder exists. A single run then claims its
+folder (`RunClaim`, cli/claim.py): a lock a second run with the same run_name respects, the
+checks that could refuse to resume it, and, with resume=never, the old run moved aside; Hydra is
+pinned to that folder.
 
     python train.py ...                 entry("train", tasks.train)
     python -m fasttrain.evaluate ...    entry("eval", tasks.evaluate)   (export, predict alike)
 
-The `--help` here lists the groups from conf/ and composes once: Hydra's own help copies its
-config repository once per group it lists (~0.6 s more on a 2-core machine).
+The `--help` here (cli/help.py) lists the groups from conf/ and composes once: Hydra's own help
+copies its config repository once per group it lists (~0.6 s more on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import gc
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 from fasttrain import CONFIG_DIR, shown
+from fasttrain.cli.build import build_checked, construct_each
+from fasttrain.cli.claim import LOCK_FILE as LOCK_FILE  # tests import it from here
+from fasttrain.cli.claim import RunClaim, claim_run_dir
+from fasttrain.cli.help import print_app_help, wants_app_help
 from fasttrain.config.errors import UserError
 
 T = TypeVar("T")
@@ -139,23 +142,6 @@ def in_hydra(cfg: Any, task: Callable[[Any], Any], claim: RunClaim | None) -> fl
         log.info("resume=never: the previous run in %s is kept in %s", *map(shown, claim.moved))
     result = run_task(task, cfg, undo=claim.undo if claim else None)
     return run_task(optimized_metric, result, cfg.get("optimized_metric"))
-
-
-def build_checked(job: Any) -> Any:
-    """The training run of a checked job (trainer, model, data module), built before Hydra
-    writes anything: a bad value a constructor refuses (data.batch_size=0, ...) is one line and
-    no folder, and the run goes on with these objects. None for an entry point that takes its
-    model from a checkpoint (evaluate, export, predict), or a config without a run's keys."""
-    if "model" not in job or "ckpt_path" in job:  # +model=... there: restore refuses it
-        return None
-    from fasttrain import assemble
-    from fasttrain.checkpoints.allow import check_loadable
-
-    check_loadable(job)  # what its checkpoints name must load again
-    if not all(key in job for key in ("seed", "data", "trainer")):  # not a run build_run knows
-        construct(job)
-        return None
-    return assemble.build_run(job, validated=True)  # the check validated it
 
 
 class HeldLines(logging.Handler):
@@ -335,236 +321,3 @@ def one_log_stream() -> None:
             if type(handler) is logging.StreamHandler:  # Lightning's own; a user's file stays
                 logger.removeHandler(handler)
         logger.propagate = True
-
-
-# In each run folder: held (flock) by the run writing there, so a second one refuses to start.
-LOCK_FILE = ".run.lock"
-
-
-class RunClaim:
-    """This invocation's hold on its run folder, taken before Hydra writes into it.
-
-    A lock other runs respect (flock: the kernel drops it when the process ends, however it
-    ends, so a killed run never leaves the folder locked), and a record of what the folder held,
-    so that a run failing on bad input takes back exactly what it wrote and nothing else:
-    new files and folders are removed, the config files Hydra rewrote get their old bytes back,
-    a log that existed is cut back to its old length.
-    """
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self._record()
-        self.fd: int | None = None
-        self.moved: tuple[Path, Path] | None = None  # (run folder, where its old run went)
-
-    def _record(self) -> None:
-        out = self.run_dir
-        self.existed = next(p for p in (out, *out.parents) if p.exists())
-        self.before = {p.relative_to(out) for p in out.rglob("*")} if out.is_dir() else set()
-        rewritten = [*out.glob(".hydra/*"), out / LOCK_FILE]  # Hydra's config; the lock's pid
-        self.saved = {p: p.read_bytes() for p in rewritten if p.is_file()}
-        self.log_sizes = {p: p.stat().st_size for p in out.glob("*.log") if p.is_file()}
-
-    def lock(self, run_name: str) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.fd = _lock(self.run_dir, run_name)
-
-    def move_aside(self, run_name: str) -> None:
-        """resume=never where a run already is: keep that run, renamed, and start empty."""
-        if not any(p.name != LOCK_FILE for p in self.run_dir.iterdir()):
-            return
-        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-        aside = self.run_dir.with_name(f"{self.run_dir.name}.replaced-{stamp}")
-        for n in range(1, 1000):
-            if not aside.exists():
-                break
-            aside = aside.with_name(f"{self.run_dir.name}.replaced-{stamp}-{n}")
-        old_lock = self.fd
-        os.rename(self.run_dir, aside)  # its lock file goes along, still held until the new one
-        self.moved = (self.run_dir, aside)
-        self._record()
-        self.lock(run_name)
-        if old_lock is not None:
-            os.close(old_lock)
-
-    def undo(self) -> None:
-        out = self.run_dir
-        _close_logs_in(out)
-        for path in sorted(out.rglob("*"), reverse=True) if out.is_dir() else []:
-            if path.relative_to(out) in self.before:
-                continue
-            if path.is_dir() and not path.is_symlink():
-                with contextlib.suppress(OSError):
-                    path.rmdir()  # only when empty: a new folder with old files stays
-            else:
-                path.unlink(missing_ok=True)
-        for path, data in self.saved.items():
-            path.write_bytes(data)
-        for path, size in self.log_sizes.items():
-            with contextlib.suppress(OSError):
-                os.truncate(path, size)
-        for folder in (out, *out.parents):
-            if folder == self.existed or not folder.is_relative_to(self.existed):
-                break
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        if self.moved is not None and not self.moved[0].exists():
-            os.rename(self.moved[1], self.moved[0])
-            self.moved = None
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing drops the flock
-            self.fd = None
-
-
-def _close_logs_in(folder: Path) -> None:
-    """Detach and close the log handlers writing into `folder` before its files go (Hydra put
-    the run's log on the root logger): a later run in this process (a notebook, a test) would
-    otherwise log into a deleted file and fail."""
-    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-    for logger in (lg for lg in loggers if isinstance(lg, logging.Logger)):
-        for handler in list(logger.handlers):
-            if isinstance(handler, logging.FileHandler) and Path(
-                handler.baseFilename
-            ).is_relative_to(folder):
-                logger.removeHandler(handler)
-                handler.close()
-
-
-def _lock(run_dir: Path, run_name: str) -> int | None:
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; runs there are not protected from each other
-        return None
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        owner = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise UserError(
-            f"run_name={run_name}: another run (pid {owner}) is writing to {shown(run_dir)}; "
-            "wait for it to end, or choose another run_name"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def claim_run_dir(job: Any, run_dir: Path, built: Any = None) -> RunClaim:
-    """Lock the run folder, then make every check that could refuse to resume (readable
-    checkpoint, same model, not past trainer.max_epochs) or, with resume=never, move the old run
-    aside: all before Hydra writes its config into the folder. `built`: the run's (trainer,
-    model, data module), which the checkpoint is checked against."""
-    claim = RunClaim(run_dir)
-    claim.lock(str(job.get("run_name")))  # refused: the folder is another run's, nothing to undo
-    try:
-        if job.get("resume") == "never":
-            claim.move_aside(str(job.get("run_name")))
-        elif job.get("resume") is not None:
-            check_resume(job, run_dir, built)
-    except BaseException:
-        claim.undo()
-        claim.release()
-        raise
-    return claim
-
-
-def check_resume(job: Any, run_dir: Path, built: Any = None) -> None:
-    """Read and check the checkpoint the run would continue from, once: fit finds the result
-    (fasttrain.checkpoints.resume.check_fits) for the same model, data module and file."""
-    from fasttrain.checkpoints.resume import check_fits, checkpoint_to_resume
-
-    ckpt = checkpoint_to_resume(job.resume, run_dir)
-    if ckpt is not None:
-        max_epochs = job.trainer.get("max_epochs")
-        _, model, datamodule = built if built is not None else (None, *construct(job))
-        check_fits(ckpt, model, max_epochs, resume=str(job.resume), data=datamodule)
-
-
-def construct_each(jobs: list[Any]) -> None:
-    """Build what each training job configures and throw it away, before Hydra writes anything:
-    the range checks live in the constructors (data.batch_size=0, trainer.accumulate_grad_batches
-    =0, ...), so this is what refuses a bad value in any job of a sweep."""
-    from fasttrain.checkpoints.allow import check_loadable
-
-    for job in jobs:
-        if "model" in job:  # evaluate, export, predict take their model from a checkpoint
-            construct(job)
-            check_loadable(job)  # what its checkpoints name must load again
-
-
-def construct(job: Any) -> tuple[Any, Any]:
-    """The data module, callbacks and trainer of a training job, and its model on the meta
-    device (parameter shapes only: no memory, no init cost), built quietly (Lightning's
-    start-up lines belong to the run). Returns (the model, or None when it cannot be built on
-    the meta device (fit then checks it against a checkpoint); the data module)."""
-    import warnings
-
-    import torch
-
-    from fasttrain.assemble import build, build_all, build_model
-
-    logging.disable(logging.INFO)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            datamodule = build(job.data, "data")
-            callbacks = build_all(job.get("callbacks"), "callbacks")
-            build(job.trainer, "trainer", callbacks=callbacks, logger=False)
-            try:
-                with torch.device("meta"):
-                    return build_model(job.model), datamodule
-            except UserError:
-                raise
-            except Exception:
-                return None, datamodule
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-# Flags that must keep Hydra's own behaviour (its help about Hydra itself, shell completion...).
-_HYDRA_FLAGS = (
-    "--hydra-help",
-    "--cfg",
-    "-c",
-    "--info",
-    "--shell-completion",
-    "-sc",
-    "--run",
-    "-m",
-    "--multirun",
-)
-
-
-def wants_app_help(argv: list[str]) -> bool:
-    return "--help" in argv or ("-h" in argv and not any(a in _HYDRA_FLAGS for a in argv))
-
-
-def config_groups(root: Path = Path(CONFIG_DIR)) -> dict[str, list[str]]:
-    """{"model/net": ["mlp", "small_cnn"], ...}: each folder with YAML files is a group."""
-    groups: dict[str, list[str]] = {}
-    for file in sorted(root.rglob("*.yaml")):
-        group = file.parent.relative_to(root).as_posix()
-        # hydra/ is Hydra's own; _shared/ holds pieces other configs merge in, not options
-        if group != "." and group != "hydra" and not group.startswith("_"):
-            groups.setdefault(group, []).append(file.stem)
-    return groups
-
-
-def print_app_help(config_name: str, argv: list[str]) -> None:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    overrides = [a for a in argv if not a.startswith("-")]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name, overrides=overrides)
-    entry = Path(sys.argv[0]).name
-    lines = [f"{entry}: fasttrain, configured by Hydra.", "", "== Configuration groups ==",
-             "Compose your configuration from those groups (group=option)", ""]  # fmt: skip
-    lines += [f"{group}: {', '.join(opts)}" for group, opts in config_groups().items()]
-    lines += ["", "== Config ==", "Override anything in the config (foo.bar=value)", ""]
-    lines.append(OmegaConf.to_yaml(cfg))
-    lines.append("Hydra's own options: --hydra-help")
-    print("\n".join(lines))

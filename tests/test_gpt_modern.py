@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -188,6 +189,37 @@ def train_steps(optimizer: torch.optim.Optimizer, net: GPT, steps: int, seed: in
         optimizer.zero_grad()
         nn.functional.cross_entropy(net(idx).flatten(0, 1), idx.roll(-1, 1).flatten()).backward()
         optimizer.step()
+
+
+def test_muon_orthogonalises_in_float32_where_the_cpu_emulates_bf16(monkeypatch) -> None:
+    import torch.optim._muon as torch_muon
+
+    from fasttrain.models import muon
+
+    torch_own = torch_muon._zeropower_via_newtonschulz
+    grad = torch.randn(48, 16, generator=torch.Generator().manual_seed(0))
+    coefficients = (3.4445, -4.775, 2.0315)  # torch.optim.Muon's defaults
+    ours = muon._float32_newton_schulz(grad, coefficients, 5, 1e-7)
+    bf16 = torch_own(grad, coefficients, 5, 1e-7).float()
+    assert ours.dtype == torch.float32 and ours.shape == grad.shape
+    assert 1e-4 < ((ours - bf16).norm() / ours.norm()).item() < 0.05  # torch's, but for bf16
+    # A CPU without bf16 products: torch.optim.Muon's step calls ours, once a hidden matrix
+    # (it fails here if torch no longer looks its orthogonalisation up in torch.optim._muon).
+    seen: list[torch.Size] = []
+    real = muon._float32_newton_schulz
+
+    def counted(g: torch.Tensor, *args: Any) -> torch.Tensor:
+        seen.append(g.shape)
+        return real(g, *args)
+
+    monkeypatch.setattr(muon, "_cpu_multiplies_bf16_fast", lambda: False)
+    monkeypatch.setattr(muon, "_float32_newton_schulz", counted)
+    torch.manual_seed(0)
+    net = GPT(**TINY, **MODERN)
+    groups = mark_hidden_matrices(LanguageModel(net, None, vocab_size=50).param_groups(), net)
+    train_steps(muon_factory()(groups), net, 1, seed=1)
+    assert sorted(seen) == sorted(p.shape for p in hidden_matrices(net))
+    assert torch_muon._zeropower_via_newtonschulz is torch_own  # put back after the step
 
 
 def test_muon_state_resumes_exactly_and_a_schedule_scales_every_group() -> None:

@@ -26,6 +26,7 @@ from conftest import CONF, REPO, run_cli
 from fasttrain.models.language_model import LanguageModel
 from fasttrain.models.muon import MuonWithAdamW, hidden_matrices, mark_hidden_matrices
 from fasttrain.models.nets.gpt import GPT
+from fasttrain.models.nets.gpt_blocks import RMSNorm, soft_cap
 from fasttrain.models.schedules import WarmupCosine
 
 __all__ = ["_fresh_log_streams"]  # autouse: in-process runs log to this test's stderr
@@ -109,6 +110,37 @@ def test_relu2_mlp_is_relu_squared() -> None:
     net = GPT(**TINY, mlp="relu2")
     mlp, x = net.blocks[0].mlp, torch.randn(2, 5, 16)
     assert torch.equal(mlp(x), mlp.proj(torch.relu(mlp.fc(x)) ** 2))
+
+
+def test_the_written_out_backwards_give_autograds_gradients() -> None:
+    # RMSNorm and ReLU^2 train through their own backward on a CPU in float32 (gpt_blocks): a
+    # slip there trains wrong without an error. The queries' rows are a strided view of qkv.
+    torch.manual_seed(0)
+    norm, relu2 = RMSNorm(8), GPT(**TINY, mlp="relu2").blocks[0].mlp
+    norm.weight.data.uniform_(0.5, 1.5)
+    qkv = torch.randn(3, 5, 3 * 2 * 8, requires_grad=True)
+    q = qkv.split(16, dim=2)[0].view(3, 5, 2, 8)
+    grad = torch.randn(3, 5, 2, 8)
+    norm(q).backward(grad)
+    ours = (qkv.grad.clone(), norm.weight.grad.clone())
+    qkv.grad = norm.weight.grad = None
+    eps = torch.finfo(torch.float32).eps
+    torch.nn.functional.rms_norm(q, (8,), norm.weight, eps).backward(grad)
+    assert torch.allclose(ours[0], qkv.grad, atol=1e-5)
+    assert torch.allclose(ours[1], norm.weight.grad, atol=1e-5)
+    h = torch.randn(4, 7, 64, requires_grad=True)
+    relu2.fc = nn.Identity()  # the activation alone: h -> proj(relu(h)^2)
+    relu2(h).sum().backward()
+    hand = h.grad.clone()
+    h.grad = None
+    relu2.proj(torch.relu(h) ** 2).sum().backward()
+    assert torch.equal(hand, h.grad)
+
+
+def test_the_cpu_soft_cap_is_tanhs() -> None:
+    logits = torch.linspace(-200, 200, 4001)
+    assert torch.allclose(soft_cap(logits, 15.0), 15 * torch.tanh(logits / 15), atol=1e-5)
+    assert soft_cap(logits, 15.0).abs().max() <= 15.0
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

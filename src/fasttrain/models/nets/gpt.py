@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fasttrain.config.errors import ConfigError
-from fasttrain.models.nets.gpt_blocks import Block, Mlp, Norm, Rope, make_norm, rotary
+from fasttrain.models.nets.gpt_blocks import Block, Mlp, Norm, Rope, make_norm, rotary, soft_cap
 
 # One block's keys and values so far: ([B, n_head, t, head_dim], same); a list of them per block.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -122,8 +122,7 @@ class GPT(HyperparametersMixin, nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if self.softcap is None:
             return logits
-        # smooth, within +-softcap: no logit runs away early in training
-        return self.softcap * torch.tanh(logits / self.softcap)
+        return soft_cap(logits, self.softcap)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x, rope = self._embed(idx)

@@ -236,7 +236,12 @@ class RunLogger(TensorBoardLogger):
 class LearningRate(L.Callback):
     """Logs `lr` (with several parameter groups `lr/0`, `lr/1`, ...) at the start of every
     `trainer.log_every_n_steps`-th optimizer step: the rate that step's update uses. A host
-    float read from the optimizer: no device sync."""
+    float read from the optimizer: no device sync.
+
+    Not Lightning's LearningRateMonitor: it logs at x = N-1, 2N-1, ... (its check counts the
+    step about to run, its x the steps done), off the one step convention every other scalar
+    keeps, and names by the optimizer's class (`lr-AdamW`, `lr-AdamW/pg1`), which changes with
+    model/optimizer= and would split one chart across runs."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -6,6 +6,11 @@ steps stay asynchronous. A window ends with the optimizer step that completes a 
 `trainer.log_every_n_steps` steps and is logged at that x (N, 2N, ...: optimizer steps completed,
 the convention of every scalar, see fasttrain.callbacks.board). At the end of fit the run's
 figures go to perf_summary.json, and `summary` keeps them for the HPARAMS tab.
+
+Not Lightning's ThroughputMonitor: its `_update` calls torch.cuda.synchronize() after every
+training batch, a device sync on each quiet step (the hot path allows one per logging step), and
+it has no data-wait share, step-time median or memory figures; its FLOP counter is what
+fasttrain.callbacks.flops uses.
 """
 
 from __future__ import annotations

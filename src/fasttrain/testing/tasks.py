@@ -66,7 +66,12 @@ def run_of(case: tuple[str, str, str], trained: dict, factory: pytest.TempPathFa
     return trained[case]
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+# A language model's export (ONNX and TorchScript traced at several lengths, each timed and
+# checked) takes over a minute on a 2-core CPU: those cases run with the long tests (-m slow).
+EXPORT_CASES = [pytest.param(c, marks=pytest.mark.slow) if c[1] == "text" else c for c in CASES]
+
+
+@pytest.mark.parametrize("case", EXPORT_CASES, ids=case_id)
 def test_short_run_then_evaluate_export_predict(
     case: tuple[str, str, str], trained: dict, tmp_path_factory: pytest.TempPathFactory,
     tmp_path: Path,

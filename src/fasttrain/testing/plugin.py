@@ -12,6 +12,10 @@ import pytest
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "slow: long-running tests (deselect with -m 'not slow')")
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    # pytest-xdist's controller imports the module of each warning category its workers report
+    # (Lightning's own); torch imported first there, from that callback, failed half-way
+    # ("partially initialized module 'torch'") and crashed the session. Imported here, up front.
+    import lightning  # noqa: F401
 
 
 def pytest_report_header(config: Any) -> str:

@@ -14,8 +14,11 @@ def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     # pytest-xdist's controller imports the module of each warning category its workers report
     # (Lightning's own); torch imported first there, from that callback, failed half-way
-    # ("partially initialized module 'torch'") and crashed the session. Imported here, up front.
-    import lightning  # noqa: F401
+    # ("partially initialized module 'torch'") and crashed the session. The controller runs no
+    # test: it imports them here, up front. (Workers do not: imported before the tests, they
+    # leave Ctrl-C's handling changed for tests/test_reliability_run_signals.py.)
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        import lightning  # noqa: F401
 
 
 def pytest_report_header(config: Any) -> str:

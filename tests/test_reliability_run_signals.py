@@ -54,6 +54,14 @@ def test_datamodule_loaders_use_that_worker_start() -> None:
         )
 
 
+@pytest.fixture(autouse=True)
+def _python_hears_ctrl_c():
+    """Python's own SIGINT handler, reinstalled at the C level: a library loaded by an earlier
+    test in this process can leave SIGINT's C handler changed while getsignal still reports
+    Python's (a raised SIGINT then never reaches it)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture
 def lightning_listening():
     """A SIGTERM handler standing in for Lightning's (it sets trainer.received_sigterm)."""

@@ -26,7 +26,7 @@ from conftest import CONF, REPO, run_cli
 from fasttrain.models.language_model import LanguageModel
 from fasttrain.models.muon import MuonWithAdamW, hidden_matrices, mark_hidden_matrices
 from fasttrain.models.nets.gpt import GPT
-from fasttrain.models.nets.gpt_blocks import RMSNorm, soft_cap
+from fasttrain.models.nets.gpt_blocks import RMSNorm, capped_logits
 from fasttrain.models.schedules import WarmupCosine
 
 __all__ = ["_fresh_log_streams"]  # autouse: in-process runs log to this test's stderr
@@ -138,9 +138,39 @@ def test_the_written_out_backwards_give_autograds_gradients() -> None:
 
 
 def test_the_cpu_soft_cap_is_tanhs() -> None:
-    logits = torch.linspace(-200, 200, 4001)
-    assert torch.allclose(soft_cap(logits, 15.0), 15 * torch.tanh(logits / 15), atol=1e-5)
-    assert soft_cap(logits, 15.0).abs().max() <= 15.0
+    x = torch.linspace(-20, 20, 4001).view(-1, 1) * torch.tensor([[1.0, -0.5]])
+    weight = torch.tensor([[10.0, 0.0], [0.5, 3.0], [0.0, 0.0]])  # logits -200..200 and 0
+    capped = capped_logits(x, weight, 15.0)
+    assert torch.allclose(capped, 15 * torch.tanh(x @ weight.T / 15), atol=1e-5)
+    assert capped.abs().max() <= 15.0
+    # the bf16 path (tanh) gives the same function
+    low = capped_logits(x.bfloat16(), weight.bfloat16(), 15.0).float()
+    assert torch.allclose(low, capped, atol=0.15)
+
+
+def test_newton_schulz_on_the_small_gram_matrix_is_the_plain_loops() -> None:
+    """Wide matrices (cols >= 2 rows) run the steps on rows x rows matrices: the same values as
+    the plain loop (to float32 rounding), even on an ill-conditioned gradient."""
+    from fasttrain.models import muon
+
+    def plain(grad: torch.Tensor) -> torch.Tensor:  # the loop of torch.optim.Muon, in float64
+        a, b, c = (3.4445, -4.775, 2.0315)
+        x = grad.double().T if grad.size(0) > grad.size(1) else grad.double()
+        x = x / x.norm().clamp(min=1e-7)
+        for _ in range(5):
+            gram = x @ x.T
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        return x.T if grad.size(0) > grad.size(1) else x
+
+    gen = torch.Generator().manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(384, 96, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(96, 96, generator=gen, dtype=torch.float64))
+    ill = ((u * torch.logspace(0, -6, 96, dtype=torch.float64)) @ v.T).float()  # [384, 96]
+    for grad in (torch.randn(96, 256, generator=gen), ill, torch.zeros(64, 128)):
+        ours = muon._float32_newton_schulz(grad, (3.4445, -4.775, 2.0315), 5, 1e-7)
+        assert ours.shape == grad.shape and ours.dtype == torch.float32
+        want = plain(grad)
+        assert (ours.double() - want).norm() <= 5e-4 * max(want.norm().item(), 1e-30)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

@@ -126,10 +126,34 @@ def _float32_newton_schulz(
     wide = grad.size(0) > grad.size(1)
     x = grad.float().T if wide else grad.float()  # [rows <= cols]: the smaller Gram matrix
     x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
+    if x.size(0) >= 64 and x.size(1) >= 2 * x.size(0):  # below 64 rows the calls cost more
+        x = _gram_newton_schulz(x, a, b, c, ns_steps)
+        return x.T if wide else x
     for _ in range(ns_steps):
         gram = x @ x.T
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.T if wide else x
+
+
+def _gram_newton_schulz(x: torch.Tensor, a: float, b: float, c: float, steps: int) -> torch.Tensor:
+    """The same steps on x [m, n], n >= 2m, carried out on m x m matrices. Each step is
+    x <- p(x x^T) x with p(g) = a + b g + c g^2, so after k steps x_k = q_k x_0 with q_k a
+    polynomial in g_0 = x_0 x_0^T, and x_k x_k^T = q_k^2 g_0 =: g_k. The loop keeps q and g:
+    p = p(g), q <- p q, g <- p g p, then x_0 is multiplied once at the end. Per step 6m^3
+    multiply-adds where the plain loop's take 2m^2 n + m^3: the tiny GPT's [128, 512] matrices
+    in 0.59x the plain loop's time, [128, 384] in 0.69x (one core of an AVX2 EPYC). The same
+    values up to float32 rounding, which the loop on m x m matrices grows more: against a float64
+    run, 2.4e-4 relative at most (the plain loop: 8e-6; torch's own, in bf16: ~1e-2), on
+    matrices of condition number 1e2 to 1e8."""
+    gram = x @ x.T
+    eye = torch.eye(gram.size(0), dtype=gram.dtype, device=gram.device)
+    q: torch.Tensor | None = None
+    for step in range(steps):
+        p = torch.addmm(torch.add(eye, gram, alpha=b / a).mul_(a), gram, gram, alpha=c)
+        q = p if q is None else p @ q
+        if step < steps - 1:
+            gram = p @ gram @ p
+    return x if q is None else q @ x
 
 
 @contextmanager

@@ -30,7 +30,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fasttrain.config.errors import ConfigError
-from fasttrain.models.nets.gpt_blocks import Block, Mlp, Norm, Rope, make_norm, rotary, soft_cap
+from fasttrain.models.nets.gpt_blocks import (
+    Block,
+    Mlp,
+    Norm,
+    Rope,
+    capped_logits,
+    make_norm,
+    rotary,
+)
 
 # One block's keys and values so far: ([B, n_head, t, head_dim], same); a list of them per block.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -119,10 +127,9 @@ class GPT(HyperparametersMixin, nn.Module):
         return self.drop(self.wte(idx)), rotary(positions, self.head_dim)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.ln_f(x))
         if self.softcap is None:
-            return logits
-        return soft_cap(logits, self.softcap)
+            return self.lm_head(self.ln_f(x))  # type: ignore[no-any-return]
+        return capped_logits(self.ln_f(x), self.lm_head.weight, self.softcap)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x, rope = self._embed(idx)

@@ -65,8 +65,8 @@ format: $(STAMP) ## ruff fix + format
 bench: $(STAMP) ## CPU benchmark: template vs hand-written loop -> bench/results/cpu.json
 	$(BIN)/python bench/overhead.py
 
-tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006); every run is listed by name
-	$(BIN)/tensorboard --logdir logs --host 127.0.0.1 --port $(PORT)
+tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006), unsmoothed; every run listed by name
+	$(BIN)/python -m fasttrain.tools.board --logdir logs --host 127.0.0.1 --port $(PORT)
 
 notebook: $(STAMP) ## open notebooks/ in JupyterLab on http://127.0.0.1:$(NB_PORT) (NB_PORT=8888; it prints the link with its token)
 	@# as root (a container), JupyterLab wants --allow-root; it still serves 127.0.0.1 only, behind its token

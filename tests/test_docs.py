@@ -56,6 +56,9 @@ COMMANDS = [
     ("sweeps", "python train.py -m model.optimizer.lr=1e-3,3e-3 seed=1,2"),
     ("sweeps", "python train.py -m hparams_search=optuna hydra.sweeper.n_trials=30"),
     ("sweeps", "python train.py -m data.batch_size=0,64"),
+    # test_tensorboard.py (its server), test_train_cli.py (the printed command)
+    ("README", "python -m fasttrain.tools.board --logdir logs --host 127.0.0.1"),
+    ("tensorboard-and-notebooks", "python -m fasttrain.tools.board --logdir logs --host 127.0.0.1"),
 ]
 
 

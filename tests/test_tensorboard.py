@@ -8,6 +8,7 @@ validation, under the names logged in the task's group `classifier/`, run health
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import shutil
@@ -81,7 +82,7 @@ PRINTED: list[str] = []
 def server(log_dir: Path) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(log_dir),
+        [sys.executable, "-m", "fasttrain.tools.board", "--logdir", str(log_dir),
          "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -105,6 +106,24 @@ def server(log_dir: Path) -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_the_bare_address_opens_unsmoothed_and_the_rest_is_tensorboards(server: str) -> None:
+    """`make tensorboard` (fasttrain.tools.board, this module's server): the bare address is
+    sent on to TensorBoard's own link state with smoothing 0; a link with a state keeps it."""
+    host, port = urllib.parse.urlparse(server).netloc.split(":")
+    for path, landing in (("/", "/?smoothing=0#timeseries"), ("/?smoothing=0.3", None),
+                          ("/data/runs", None)):  # fmt: skip
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read()
+        conn.close()
+        if landing:
+            assert (response.status, response.getheader("Location")) == (302, landing)
+        else:
+            assert response.status == 200 and body, path
+    assert "<tb-webapp" in urllib.request.urlopen(server + "/").read().decode()  # redirected
 
 
 def steps(server: str, run: str, tag: str) -> list[int]:

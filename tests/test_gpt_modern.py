@@ -139,13 +139,30 @@ def test_the_written_out_backwards_give_autograds_gradients() -> None:
 
 def test_the_cpu_soft_cap_is_tanhs() -> None:
     x = torch.linspace(-20, 20, 4001).view(-1, 1) * torch.tensor([[1.0, -0.5]])
-    weight = torch.tensor([[10.0, 0.0], [0.5, 3.0], [0.0, 0.0]])  # logits -200..200 and 0
-    capped = capped_logits(x, weight, 15.0)
-    assert torch.allclose(capped, 15 * torch.tanh(x @ weight.T / 15), atol=1e-5)
+    head = nn.Linear(2, 3, bias=False)
+    with torch.no_grad():  # logits -200..200 and 0
+        head.weight.copy_(torch.tensor([[10.0, 0.0], [0.5, 3.0], [0.0, 0.0]]))
+    capped = capped_logits(x, head, 15.0)
+    assert torch.allclose(capped, 15 * torch.tanh(head(x) / 15), atol=1e-5)
     assert capped.abs().max() <= 15.0
     # the bf16 path (tanh) gives the same function
-    low = capped_logits(x.bfloat16(), weight.bfloat16(), 15.0).float()
+    low = capped_logits(x.bfloat16(), head.bfloat16(), 15.0).float()
     assert torch.allclose(low, capped, atol=0.15)
+
+
+def test_an_int8_head_is_capped_too() -> None:
+    """format=int8 export quantizes the Linear layers: the head then has no float weight to fold
+    1/cap into, and the capped logits come from its own int8 kernel, traced as export does."""
+    torch.manual_seed(0)
+    net = GPT(**TINY, dropout=0.0, bias=False, **MODERN).eval()
+    idx = torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"]))
+    quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(net), {nn.Linear},
+                                                       dtype=torch.qint8)  # fmt: skip
+    assert type(quantized.lm_head) is not nn.Linear
+    with torch.no_grad():
+        expected, got = net(idx), torch.jit.trace(quantized, idx)(idx)
+    assert got.abs().max() <= MODERN["softcap"]
+    assert torch.allclose(got, expected, atol=0.05)
 
 
 def test_newton_schulz_on_the_small_gram_matrix_is_the_plain_loops() -> None:

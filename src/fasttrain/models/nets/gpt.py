@@ -129,7 +129,7 @@ class GPT(HyperparametersMixin, nn.Module):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         if self.softcap is None:
             return self.lm_head(self.ln_f(x))  # type: ignore[no-any-return]
-        return capped_logits(self.ln_f(x), self.lm_head.weight, self.softcap)
+        return capped_logits(self.ln_f(x), self.lm_head, self.softcap)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x, rope = self._embed(idx)

@@ -127,16 +127,26 @@ def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
 
 
-def capped_logits(x: torch.Tensor, weight: torch.Tensor, cap: float) -> torch.Tensor:
-    """cap x tanh(x weight^T / cap): logits smooth and within +-cap, so none runs away early in
-    training. The 1/cap is folded into the weight ([vocab, C], not a pass over the [B, T, vocab]
-    logits). float32 on a CPU as 2 cap x sigmoid(2 x weight^T / cap) - cap, the same function
-    (tanh y = 2 sigmoid(2y) - 1): torch's CPU tanh takes ~2x sigmoid's time (2.3 vs 1.1 ms for
-    512k values on one core of an AVX2 EPYC), and the form's absolute error (~1e-7 x cap in
-    float32) is below the logits' own. Elsewhere tanh: in bf16 that error would be ~4e-3 x cap."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
-        return torch.sigmoid(F.linear(x, weight * (2 / cap))).mul(2 * cap).sub_(cap)
-    return torch.tanh(F.linear(x, weight / cap)).mul(cap)
+def capped_logits(x: torch.Tensor, head: nn.Module, cap: float) -> torch.Tensor:
+    """cap x tanh(head(x) / cap): logits smooth and within +-cap, so none runs away early in
+    training. For a plain nn.Linear head the 1/cap is folded into its weight ([vocab, C], not a
+    pass over the [B, T, vocab] logits); an int8 (export) or fp8 head keeps its own kernel and
+    has its output scaled. float32 on a CPU as 2 cap x sigmoid(2 y / cap) - cap, the same
+    function (tanh y = 2 sigmoid(2y) - 1): torch's CPU tanh takes ~2x sigmoid's time (2.3 vs
+    1.1 ms for 512k values on one core of an AVX2 EPYC), and the form's absolute error (~1e-7 x
+    cap in float32) is below the logits' own. Elsewhere tanh: in bf16 that error would be
+    ~4e-3 x cap."""
+    cpu_float = (x.device.type == "cpu" and x.dtype == torch.float32
+                 and not torch.is_autocast_enabled("cpu"))  # fmt: skip
+    scale = 2 / cap if cpu_float else 1 / cap
+    if type(head) is nn.Linear:
+        bias = None if head.bias is None else head.bias * scale
+        scaled = F.linear(x, head.weight * scale, bias)
+    else:
+        scaled = head(x) * scale
+    if cpu_float:
+        return torch.sigmoid(scaled).mul(2 * cap).sub_(cap)
+    return torch.tanh(scaled).mul(cap)
 
 
 class CausalSelfAttention(nn.Module):

@@ -5,12 +5,12 @@
 Four short runs of three tasks in a temporary folder (SmallCNN and MLP on digits, a regressor
 on diabetes, a GPT on the text corpus), a TensorBoard server on 127.0.0.1 over them, then
 Chromium (`apt install chromium`) on the Time Series page (1400 x 1100) and on HPARAMS (2800
-wide, to show its metric columns), no link state: what `make tensorboard` opens. The parallel
-coordinates are a click away on HPARAMS, so that one needs Playwright driving the same
-Chromium (`pip install playwright`, in any Python: `python bench/tensorboard_view.py` run by
-that Python trains with the repository's .venv); without it that screenshot is left out, and
-Chromium's own `--screenshot` often leaves the chart lines undrawn (axes and legends are
-there). tests/test_tensorboard.py checks the pages' structure.
+wide, to show its metric columns), no link state: what `make tensorboard` opens (its
+server, fasttrain.tools.board). The parallel coordinates are a click away on HPARAMS, so that
+one needs Playwright driving the same Chromium (`pip install playwright`, in any Python:
+`python bench/tensorboard_view.py` run by that Python trains with the repository's .venv);
+without it that screenshot is left out, and Chromium's own `--screenshot` often leaves the
+chart lines undrawn (axes and legends are there). tests/test_tensorboard.py checks the pages' structure.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ RUNS = (
 )
 COMMON = ["trainer.max_epochs=3", "data.num_workers=0"]
 # page -> (its address, the window): HPARAMS wide enough to show its metric columns
-PAGES = {"time_series": ("#timeseries", "1400,1100"), "hparams": ("#hparams", "2800,700")}
+PAGES = {"time_series": ("", "1400,1100"), "hparams": ("#hparams", "2800,700")}
 # The repository's own environment trains the runs, whichever Python runs this script.
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 
@@ -54,8 +54,8 @@ def train(log_dir: Path) -> None:
 
 def serve(log_dir: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable, "-m", "tensorboard.main",
-         "--logdir", str(log_dir),
+        [str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable,
+         "-m", "fasttrain.tools.board", "--logdir", str(log_dir),
          "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -112,7 +112,7 @@ def test_the_bare_address_opens_unsmoothed_and_the_rest_is_tensorboards(server: 
     """`make tensorboard` (fasttrain.tools.board, this module's server): the bare address is
     sent on to TensorBoard's own link state with smoothing 0; a link with a state keeps it."""
     host, port = urllib.parse.urlparse(server).netloc.split(":")
-    for path, landing in (("/", "/?smoothing=0#timeseries"), ("/?smoothing=0.3", None),
+    for path, landing in (("/", "/?smoothing=0"), ("/?smoothing=0.3", None),
                           ("/data/runs", None)):  # fmt: skip
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
         conn.request("GET", path)
@@ -356,6 +356,15 @@ def test_time_series_opens_on_the_tasks_own_charts(server: str) -> None:
 
 @pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
 @needs_chromium
+def test_a_tabs_own_address_opens_that_tab(server: str) -> None:
+    """The bare address's redirect carries no #fragment, so the browser keeps the one asked for:
+    `/#hparams` opens HPARAMS (through the unsmoothed landing), not Time Series."""
+    page = rendered(server + "/#hparams")
+    assert "<tf-hparams-dashboard" in page and 'class="group-title"' not in page, page[-2000:]
+
+
+@pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
+@needs_chromium
 def test_the_view_opens_on_the_pinned_charts_in_a_browser(server: str) -> None:
     (link,) = [ln.split()[1] for ln in PRINTED[0].splitlines() if ln.startswith("view ")]
     page = rendered(server + link.removeprefix("http://127.0.0.1:6006"))  # this test's server
@@ -384,6 +393,17 @@ def test_long_overrides_keep_every_value() -> None:
     assert short_overrides("a.x.lr=1,b.x.lr=2,c.y=3", limit=22) == "a.x.lr=1,b.x.lr=2,y=3"
     huge = [short_overrides(f"x={'1' * 300}{i}") for i in range(2)]
     assert all(len(h) <= MAX_OVERRIDES for h in huge) and huge[0] != huge[1]
+
+
+def test_trial_ids_are_short_and_unique_across_sweeps() -> None:
+    from fasttrain.callbacks.sessions import trial_id
+
+    logs = Path("/logs/train")
+    assert trial_id(logs / "2026-01-31_12-00-00_seed=1") == "12-00-00_seed=1"
+    assert trial_id(logs / "R") == "R"  # a run_name of the user's own
+    # Each sweep's job 0 is a trial of its own (one ID would be one row of averaged results).
+    sweeps = [logs / "multirun" / f"2026-01-31_12-0{m}-00" / "0_seed=1" for m in (0, 5)]
+    assert [trial_id(job) for job in sweeps] == ["12-00-00/0_seed=1", "12-05-00/0_seed=1"]
 
 
 def test_compared_hparams_typed_without_plumbing() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import lightning as L
@@ -94,11 +95,21 @@ def _typed(value: Any) -> Value:
     return value if isinstance(value, (bool, int, float, str)) else str(value)
 
 
-def trial_id(run_name: str) -> str:
-    """The HPARAMS table's "Trial ID": the run folder's name without the date, so that what
-    tells runs apart (the time to the second, then the overrides) shows at its default width:
-    `2026-01-31_12-00-00_seed=1` -> `12-00-00_seed=1`; a sweep job's `3_seed=1` stays."""
-    return re.sub(r"^\d{4}-\d{2}-\d{2}_", "", run_name)
+def trial_id(output_dir: Path) -> str:
+    """The HPARAMS table's "Trial ID", unique in the log folder (TensorBoard merges the sessions
+    of one ID into one row of averaged results): the run folder's name without the date, so
+    that what tells runs apart (the time to the second, then the overrides) shows in the
+    column's 10em, `2026-01-31_12-00-00_seed=1` -> `12-00-00_seed=1`; a sweep job's as its
+    sweep's time and job, `multirun/2026-01-31_12-00-00/3_seed=1` -> `12-00-00/3_seed=1` (two
+    sweeps' `3_seed=1` are two trials)."""
+    run = _without_date(output_dir.name)
+    if output_dir.parent.parent.name == "multirun":
+        return f"{_without_date(output_dir.parent.name)}/{run}"
+    return run
+
+
+def _without_date(name: str) -> str:
+    return re.sub(r"^\d{4}-\d{2}-\d{2}_", "", name)
 
 
 def _writers(loggers: Sequence[Logger]) -> list[Any]:
@@ -149,8 +160,6 @@ def end_session(loggers: Sequence[Logger], final: Mapping[str, float], step: int
 def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
     """The HPARAMS columns and trial ID of the run `cfg` configures (the overrides as typed on
     the command line, less those the run's name leaves out: paths, run_name, ...)."""
-    from pathlib import Path
-
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -175,7 +184,7 @@ def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
     if isinstance(batch, int):
         extra["effective_batch_size"] = batch * trainer.accumulate_grad_batches * trainer.world_size
     config = cast(Mapping[str, Any], OmegaConf.to_container(cfg, resolve=True))
-    return compared_hparams(config, overrides, extra), trial_id(Path(cfg.paths.output_dir).name)
+    return compared_hparams(config, overrides, extra), trial_id(Path(cfg.paths.output_dir))
 
 
 def _key(override: str) -> str:

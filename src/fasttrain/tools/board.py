@@ -6,8 +6,9 @@
 the slider, and neither an event file nor a server flag can change that (the setting lives in
 the browser's local storage): a curve of 3-15 validation points then reads wrong (a language
 model's validation perplexity of 12.6 shows as 19). So a visit to the bare address is sent on
-to `/?smoothing=0#timeseries`, the link state TensorBoard itself reads and writes; every other
-address, a link with a state of its own included, is TensorBoard's, unchanged.
+to `/?smoothing=0`, the link state TensorBoard itself reads and writes (no #fragment in it: a
+browser keeps the one asked for, so `/#hparams` still opens HPARAMS); every other address, a
+link with a state of its own included, is TensorBoard's, unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-LANDING = "?smoothing=0#timeseries"
+LANDING = "?smoothing=0"
 
 Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 

@@ -10,7 +10,8 @@ server, fasttrain.tools.board). The parallel coordinates are a click away on HPA
 one needs Playwright driving the same Chromium (`pip install playwright`, in any Python:
 `python bench/tensorboard_view.py` run by that Python trains with the repository's .venv);
 without it that screenshot is left out, and Chromium's own `--screenshot` often leaves the
-chart lines undrawn (axes and legends are there). tests/test_tensorboard.py checks the pages' structure.
+chart lines undrawn (axes and legends are there). tests/test_tensorboard.py checks the pages'
+structure.
 """
 
 from __future__ import annotations

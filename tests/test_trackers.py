@@ -89,7 +89,7 @@ def test_mlflow_opens_on_model_training_with_the_config_and_summary_as_artifacts
     the run, byte for byte the run folder's; no checkpoint is copied by default."""
     from mlflow.artifacts import download_artifacts
 
-    from fasttrain.callbacks.mlflow_run import EXPERIMENT_KIND
+    from fasttrain.callbacks.mlflow_run import EXPERIMENT_KIND, VIEW_TAG
 
     proc, where = tracked
     client, run = mlflow_run(where)
@@ -110,8 +110,41 @@ def test_mlflow_opens_on_model_training_with_the_config_and_summary_as_artifacts
     assert f"| val/acc_best | {final['val/acc_best']:.4g} |" in note
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("MLflow view")]
     url = line.removeprefix("MLflow view").strip()
-    assert url == (f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}"
-                   "?workflowType=machine_learning")  # fmt: skip
+    assert url == (f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs"
+                   "?workflowType=machine_learning&viewStateShareKey=fasttrain")  # fmt: skip
+    # The view that link opens: the task's results as the Runs table's first columns (without
+    # it the table has no metric column), each a metric the run has.
+    view = json.loads(client.get_experiment(run.info.experiment_id).tags[VIEW_TAG])
+    columns = ["val/acc", "val/acc_best", "val/loss", "test/acc", "test/loss"]
+    assert view["selectedColumns"] == view["columnOrder"] == [f"metrics.`{c}`" for c in columns]
+    assert set(columns) <= set(run.data.metrics)
+
+
+def test_each_tasks_runs_add_their_columns_to_the_view(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from fasttrain.callbacks.mlflow_run import VIEW_TAG, MLflowRun
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+
+    def columns_after(monitor: str | None, name: str) -> list[str]:
+        run = MLflowRun(uri, "e", name, str(tmp_path / name))
+        run.monitor = monitor
+        run.experiment  # noqa: B018  (starts the run)
+        tags = MlflowClient(uri).get_experiment(run.experiment_id).tags
+        return [c.split("`")[1] for c in json.loads(tags[VIEW_TAG])["selectedColumns"]]
+
+    classifier = ["val/acc", "val/acc_best", "val/loss", "test/acc", "test/loss"]
+    assert columns_after("val/acc", "a") == classifier
+    assert columns_after("val/acc", "b") == classifier  # a second run of the task: the same
+    assert columns_after("val/mse", "c") == [*classifier, "val/mse", "val/mse_best", "test/mse"]
+    assert columns_after(None, "d")[-1] == "test/mse"  # a plain module: the losses, kept
+    # A tag that is not such a view (edited by hand) is replaced, not a crash.
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("e").experiment_id
+    for junk in ("not json", '["a"]', '{"selectedColumns": "metrics.`x`"}'):
+        client.set_experiment_tag(experiment, VIEW_TAG, junk)
+        assert columns_after("val/acc", f"junk{len(junk)}") == classifier
 
 
 def test_an_experiment_kind_chosen_in_the_ui_stays(tmp_path: Path) -> None:

@@ -126,9 +126,10 @@ def build_run(
              ModelSpec(spec), *callbacks]  # fmt: skip
     loggers = build_all(cfg.get("logger"), "logger")
     for logger in loggers:  # TensorBoard's layout: the task's own charts (fasttrain.models.task)
+        if hasattr(logger, "monitor"):  # its chart, its column, first (RunLogger, MLflowRun)
+            logger.monitor = getattr(model, "monitor", None)
         if hasattr(logger, "task_charts"):
             logger.task_charts = dict(getattr(model, "charts", {}))
-            logger.monitor = getattr(model, "monitor", None)  # its chart opens the page
             from fasttrain.callbacks.board import task_group
 
             logger.group = task_group(model)  # the task's charts are its own

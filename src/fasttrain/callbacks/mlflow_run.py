@@ -6,6 +6,7 @@ run; a server that does not answer is one line before the run starts."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -37,6 +38,13 @@ RUN_ID_FILE = ".mlflow-run-id"
 # in the browser; `workflowType=machine_learning` in the address sets it (view_url).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 WORKFLOW_QUERY = "workflowType=machine_learning"
+# The Runs table as the printed link opens it: with no view it shows no metric column at all.
+# MLflow keeps a shared view of the page in an experiment tag (`mlflow.sharedViewState.<key>`,
+# what its own Share writes) and opens it from `viewStateShareKey=<key>` in the address; each
+# run adds its task's columns (view_columns), first in the table, after the ones already there.
+VIEW_KEY = "fasttrain"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+MAX_VIEW_COLUMNS = 24
 # Artifacts of every run: the composed config and the overrides (Hydra's, beside the run), and
 # the performance summary (fasttrain.callbacks.perf) once the run ends. Small text files only;
 # checkpoints are uploaded only with log_model.
@@ -87,6 +95,7 @@ class MLflowRun(MLFlowLogger, trackers.Tracker):
         # (last.ckpt here, not the best): the best is uploaded in record_end instead.
         self._upload_best = log_model is True
         self._run_dir = labels[RUN_DIR_TAG]
+        self.monitor: str | None = None  # the task's monitored metric, set by build_run
 
     @property
     @rank_zero_experiment
@@ -99,6 +108,7 @@ class MLflowRun(MLFlowLogger, trackers.Tracker):
             client = super().experiment
             _keep_run_id(Path(self._run_dir) / RUN_ID_FILE, str(self._run_id))
             _mark_model_training(client, str(self._experiment_id))
+            _add_view_columns(client, str(self._experiment_id), view_columns(self.monitor))
             return client
 
     def _continued_run(self) -> str | None:
@@ -179,7 +189,8 @@ class MLflowRun(MLFlowLogger, trackers.Tracker):
 
     def view_url(self) -> str:
         """The experiment's runs in the page `show_command` serves, on Model training."""
-        return f"{MLFLOW_UI_URL}/#/experiments/{self._experiment_id}?{WORKFLOW_QUERY}"
+        return (f"{MLFLOW_UI_URL}/#/experiments/{self._experiment_id}/runs?{WORKFLOW_QUERY}"
+                f"&viewStateShareKey={VIEW_KEY}")  # fmt: skip
 
 
 MLFLOW_UI_ARGS = "--host 127.0.0.1 --port 5000 --workers 1"
@@ -198,6 +209,32 @@ def _mark_model_training(client: Any, experiment_id: str) -> None:
     key, kind = EXPERIMENT_KIND
     if key not in client.get_experiment(experiment_id).tags:
         client.set_experiment_tag(experiment_id, key, kind)
+
+
+def view_columns(monitor: str | None) -> list[str]:
+    """The Runs table's columns for a task's runs: its monitored metric and that metric's best,
+    the validation loss, their test twins (MLflow's column keys, metrics.`val/acc`)."""
+    names = [monitor, f"{monitor}_best"] if monitor else []
+    names.append("val/loss")
+    if monitor and monitor.startswith("val/"):
+        names.append("test/" + monitor.removeprefix("val/"))
+    names.append("test/loss")
+    return [f"metrics.`{name}`" for name in dict.fromkeys(names)]
+
+
+def _add_view_columns(client: Any, experiment_id: str, columns: Sequence[str]) -> None:
+    """VIEW_TAG's columns with `columns` added (another task's runs keep theirs); a tag that
+    is not such a view is replaced."""
+    try:
+        kept = json.loads(client.get_experiment(experiment_id).tags.get(VIEW_TAG, "{}"))
+    except ValueError:
+        kept = None
+    listed = kept.get("selectedColumns") if isinstance(kept, dict) else None
+    shown = [c for c in listed if isinstance(c, str)] if isinstance(listed, list) else []
+    merged = list(dict.fromkeys([*shown, *columns]))[:MAX_VIEW_COLUMNS]
+    if merged != shown:
+        view = {"selectedColumns": merged, "columnOrder": merged}
+        client.set_experiment_tag(experiment_id, VIEW_TAG, json.dumps(view))
 
 
 @contextlib.contextmanager

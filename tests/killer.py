@@ -36,7 +36,10 @@ class Killer(Callback):
     - "term_in_save": SIGTERM while the next checkpoint save writes (after fasttrain's own
       end-of-batch check for one: the signal lands where only Lightning sees it);
     - "term_in_val": SIGTERM during the first validation batch at that step;
-    - "raise": raise an exception (a crash of this rank);
+    - "kill_in_val": SIGKILL there (the process dies before the epoch's end saves);
+    - "raise": raise an exception at the end of the step (a crash of this rank);
+    - "raise_in_step": raise an exception as the next step starts (a bad batch, say);
+    - "raise_in_backward": raise one in the next step's backward (inside the optimizer step);
     - "nan_grad": put a NaN into the first gradient of that step.
     """
 
@@ -44,7 +47,16 @@ class Killer(Callback):
         self,
         at_step: int,
         mode: Literal[
-            "step", "save", "term", "term_in_save", "term_in_val", "raise", "nan_grad"
+            "step",
+            "save",
+            "term",
+            "term_in_save",
+            "term_in_val",
+            "kill_in_val",
+            "raise",
+            "raise_in_step",
+            "raise_in_backward",
+            "nan_grad",
         ] = "step",
         rank: int | None = None,
     ) -> None:
@@ -55,16 +67,24 @@ class Killer(Callback):
         return mine and trainer.global_step == self.at_step
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self.mode == "raise_in_backward" and self._due(trainer):
+            raise RuntimeError(f"injected failure in step {trainer.global_step + 1}")
         if self.mode == "nan_grad" and self._due(trainer):
             with torch.no_grad():
                 next(p for p in pl_module.parameters() if p.grad is not None).grad.fill_(
                     float("nan")
                 )
 
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if self.mode == "raise_in_step" and self._due(trainer):
+            raise RuntimeError(f"injected failure before step {trainer.global_step + 1}")
+
     def on_validation_batch_start(self, trainer: Any, *args: Any) -> None:
         if self.mode == "term_in_val" and not trainer.sanity_checking and self._due(trainer):
             self.mode = "done"  # type: ignore[assignment]
             os.kill(os.getpid(), signal.SIGTERM)
+        if self.mode == "kill_in_val" and not trainer.sanity_checking and self._due(trainer):
+            _die()
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         if not self._due(trainer):

@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -130,6 +131,70 @@ def test_with_loader_workers_mid_epoch_and_at_epoch_end_is_bit_exact(reference, 
     assert last_step(run) == 10
     train_in_process(tmp_path, "run", workers)
     assert_same(weights(run), reference)  # the reference ran without workers: same numbers
+
+
+@pytest.mark.slow
+def test_killed_in_an_epoch_end_validation_trains_the_next_epoch_in_full(reference, tmp_path):
+    """last.ckpt saved at an epoch's last batch (every 5 steps, 10 an epoch), then SIGKILL in
+    that epoch's validation: the resumed run trains all of the next epoch (its loader skipped
+    the whole of it, and the run ended at step 10 as if done)."""
+    every_5 = ["callbacks.checkpoint.every_n_train_steps=5"]
+    run = tmp_path / "train" / "run"
+    proc = killed(tmp_path, "run", at_step=10, mode="kill_in_val", extra=every_5)
+    assert proc.returncode == -signal.SIGKILL and last_step(run) == 10
+    train_in_process(tmp_path, "run", every_5)
+    assert_same(weights(run), reference)
+
+
+@pytest.mark.slow
+def test_a_crash_keeps_its_steps_and_resumes_bit_exact(reference, tmp_path: Path) -> None:
+    """An exception saves on_exception.ckpt (the newest: resume=auto continues from it), whether
+    it hits before a step's forward or after its update; the run that ends well removes it."""
+    run = tmp_path / "train" / "run"
+    crash = run / "checkpoints" / "on_exception.ckpt"
+
+    def step_of(path: Path) -> int:
+        return torch.load(path, weights_only=True)["global_step"]
+
+    # Before step 5 (last.ckpt is step 3): the 4 steps done are kept, batch 5 is redone.
+    proc = killed(tmp_path, "run", at_step=4, mode="raise_in_step")
+    assert proc.returncode == 1 and "injected failure" in proc.stderr
+    assert step_of(crash) == 4 and last_step(run) == 3
+    assert f"the run failed at step 4 (RuntimeError): saved {crash}" in proc.stderr
+    # resume=auto from step 4; a failure in step 8's backward keeps steps 1-7 (last.ckpt: 6).
+    proc = killed(tmp_path, "run", at_step=7, mode="raise_in_backward")
+    assert proc.returncode == 1 and step_of(crash) == 7 and last_step(run) == 6
+    # Then a failure after step 14's update (last.ckpt is step 12).
+    proc = killed(tmp_path, "run", at_step=14, mode="raise")
+    assert proc.returncode == 1 and step_of(crash) == 14 and last_step(run) == 12
+    train_in_process(tmp_path, "run")
+    assert_same(weights(run), reference)
+    assert not crash.exists()  # the finished run's newest state is last.ckpt again
+
+
+def test_a_crash_saves_only_what_resumes_exactly() -> None:
+    from types import SimpleNamespace
+
+    from fasttrain.checkpoints.crash import _not_saved_because
+
+    net = torch.nn.Linear(2, 2)
+
+    def trainer(step: int, done: int = 0, every: int = 1, saved: int = -1, world: int = 1) -> Any:
+        progress = SimpleNamespace(current=SimpleNamespace(completed=done))
+        loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
+        saver = SimpleNamespace(_last_global_step_saved=saved)
+        return SimpleNamespace(global_step=step, world_size=world, accumulate_grad_batches=every,
+                               fit_loop=loop, checkpoint_callbacks=[saver])  # fmt: skip
+
+    assert _not_saved_because(trainer(7, done=7), net) is None
+    assert _not_saved_because(trainer(0), net) == ""  # before the first step: nothing new
+    assert _not_saved_because(trainer(6, saved=6), net) == ""  # saved at this step already
+    assert "DDP" in _not_saved_because(trainer(7, world=2), net)
+    assert "accumulation" in _not_saved_because(trainer(3, done=13, every=4), net)
+    assert _not_saved_because(trainer(3, done=12, every=4), net) is None  # a window's start
+    with torch.no_grad():
+        net.weight[0, 0] = float("nan")
+    assert "NaN" in _not_saved_because(trainer(7, done=7), net)
 
 
 def test_resume_resolution(tmp_path: Path) -> None:

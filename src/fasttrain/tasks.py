@@ -24,6 +24,7 @@ from fasttrain.config.errors import UserError
 
 def train(cfg: Any) -> dict[str, float]:
     """python train.py key=value ...: fit, then test the best checkpoint on the test split."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from omegaconf import OmegaConf
 
     from fasttrain import fit
@@ -48,7 +49,10 @@ def train(cfg: Any) -> dict[str, float]:
         k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1 and k != "step"
     }  # "step": the x Lightning writes epoch-end values at (Task._log_at_steps_completed)
 
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    # The first ModelCheckpoint's (callbacks.best): trainer.checkpoint_callback is the first
+    # Checkpoint of any kind, the crash checkpoint's too where the others are dropped.
+    savers = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+    best = savers[0].best_model_path if savers else ""
     if cfg.get("test", True):
         # Test the best checkpoint, not the last weights; without one, the weights as they are.
         results = trainer.test(

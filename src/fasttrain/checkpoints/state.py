@@ -143,7 +143,8 @@ class ResumeState(Callback):
 
 def _last_saver(trainer: Any) -> Any:
     """The ModelCheckpoint that keeps the newest state (no monitor), if any."""
-    return next((c for c in trainer.checkpoint_callbacks if c.monitor is None), None)
+    return next((c for c in trainer.checkpoint_callbacks
+                 if isinstance(c, ModelCheckpoint) and c.monitor is None), None)  # fmt: skip
 
 
 def _save_last(trainer: Any) -> str:

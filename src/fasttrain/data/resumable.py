@@ -166,6 +166,11 @@ class ResumableLoader(DataLoader):
             self._served += 1
             yield batch
 
+    def unserve(self, batches: int) -> None:
+        """Count the last `batches` served as not served: fetched, but their step failed
+        (fasttrain.checkpoints.crash), so a resume serves them again."""
+        self._served = max(0, self._served - batches)
+
     def state_dict(self) -> dict[str, int]:
         epoch = int(getattr(self.sampler, "epoch", 0))
         return {"epoch": epoch, "batches": self._served, "batch_size": self.batch_size or 0}
@@ -180,7 +185,12 @@ class ResumableLoader(DataLoader):
                 f"size only; resume with data.batch_size={saved} (it may change at an epoch "
                 "end), or start over with resume=never"
             )
+        # A save at the epoch's last batch (before its end: validation, say) holds the whole epoch
+        # as served; Lightning then goes on with the next epoch, which must start in full.
+        epoch, skip = state["epoch"], state["batches"]
+        if skip >= len(self):
+            epoch, skip = epoch + 1, 0
         set_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_epoch):
-            set_epoch(state["epoch"])
-        self._skip = state["batches"]
+            set_epoch(epoch)
+        self._skip = skip

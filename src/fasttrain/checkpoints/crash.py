@@ -1,0 +1,83 @@
+"""`CrashCheckpoint`: the state of a run that fails with an exception, saved where resume=auto
+looks, when it resumes exactly. Without it a crash at step 900 of a 1,000-step epoch loses the
+900 steps: `last.ckpt` is saved at epoch ends by default (`callbacks.checkpoint`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from fasttrain import shown
+
+log = logging.getLogger(__name__)
+
+
+class CrashCheckpoint(OnExceptionCheckpoint):
+    """Lightning's OnExceptionCheckpoint (`<dirpath>/on_exception.ckpt`, the newest checkpoint
+    of the folder, so resume=auto continues from it; removed by the next run that ends well),
+    saved only when there is something new to keep that resumes exactly, said in one line.
+
+    Not saved: for SIGTERM and Ctrl-C (ResumeState saves last.ckpt after the batch); before the
+    first step, or at a step already saved; in a gradient accumulation window (its summed
+    gradients are not in a checkpoint: the resumed window would be short); with NaN/Inf in the
+    weights (a state not worth continuing); under DDP (the save waits for every rank, and only
+    this one failed). Lightning's loops count where the failure hit: a failure in a step's
+    forward or backward resumes at that batch, one after its update (a callback's end-of-batch
+    hook) at the next.
+
+    Args:
+        dirpath: the run's checkpoint folder.
+    """
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
+            return
+        reason = _not_saved_because(trainer, pl_module)
+        step = trainer.global_step
+        if reason is None:
+            _forget_unfinished_batch(trainer)
+            super().on_exception(trainer)
+            log.warning("the run failed at step %d (%s): saved %s, where resume=auto continues",
+                        step, type(exception).__name__, shown(self.ckpt_path))  # fmt: skip
+        elif reason:
+            log.warning("the run failed at step %d (%s): nothing saved (%s)",
+                        step, type(exception).__name__, reason)  # fmt: skip
+
+
+def _forget_unfinished_batch(trainer: Any) -> None:
+    """A batch fetched whose step failed (in its forward, say) is one the resumed run trains:
+    the loop's counts and the training loader's go back to before it was fetched, so the save
+    is one Lightning resumes as a save after the previous batch (a count left over shifts the
+    logged steps and what the resumed epoch serves)."""
+    from fasttrain.data.resumable import ResumableLoader
+
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    unfinished = progress.current.ready - progress.current.processed
+    if unfinished <= 0:
+        return
+    for counts in (progress.total, progress.current):
+        counts.ready = counts.started = counts.processed
+    loader = trainer.train_dataloader
+    if isinstance(loader, ResumableLoader):
+        loader.unserve(unfinished)
+
+
+def _not_saved_because(trainer: Any, pl_module: Any) -> str | None:
+    """Why the failed run's state is not saved ("" unsaid: nothing new), or None: save it."""
+    step = trainer.global_step
+    saved = [getattr(c, "_last_global_step_saved", -1) for c in trainer.checkpoint_callbacks]
+    if step == 0 or step in saved:
+        return ""
+    if trainer.world_size > 1:
+        return "under DDP a save waits for every rank; the newest checkpoint stays"
+    every = trainer.accumulate_grad_batches
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+    if every > 1 and done % every:
+        return "mid gradient accumulation window; the newest checkpoint stays"
+    with torch.no_grad():
+        finite = all(bool(torch.isfinite(p).all()) for p in pl_module.parameters())
+    return None if finite else "the weights hold NaN or Inf; the newest checkpoint stays"

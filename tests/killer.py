@@ -37,6 +37,7 @@ class Killer(Callback):
       end-of-batch check for one: the signal lands where only Lightning sees it);
     - "term_in_val": SIGTERM during the first validation batch at that step;
     - "kill_in_val": SIGKILL there (the process dies before the epoch's end saves);
+    - "raise_in_val": raise an exception there (a metric's bug, say);
     - "raise": raise an exception at the end of the step (a crash of this rank);
     - "raise_in_step": raise an exception as the next step starts (a bad batch, say);
     - "raise_in_backward": raise one in the next step's backward (inside the optimizer step);
@@ -53,6 +54,7 @@ class Killer(Callback):
             "term_in_save",
             "term_in_val",
             "kill_in_val",
+            "raise_in_val",
             "raise",
             "raise_in_step",
             "raise_in_backward",
@@ -85,6 +87,8 @@ class Killer(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
         if self.mode == "kill_in_val" and not trainer.sanity_checking and self._due(trainer):
             _die()
+        if self.mode == "raise_in_val" and not trainer.sanity_checking and self._due(trainer):
+            raise RuntimeError(f"injected failure in the validation at step {trainer.global_step}")
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         if not self._due(trainer):

@@ -149,7 +149,8 @@ def test_killed_in_an_epoch_end_validation_trains_the_next_epoch_in_full(referen
 @pytest.mark.slow
 def test_a_crash_keeps_its_steps_and_resumes_bit_exact(reference, tmp_path: Path) -> None:
     """An exception saves on_exception.ckpt (the newest: resume=auto continues from it), whether
-    it hits before a step's forward or after its update; the run that ends well removes it."""
+    it hits before a step's forward, in its backward, in validation or after an update; the run
+    that ends well removes it."""
     run = tmp_path / "train" / "run"
     crash = run / "checkpoints" / "on_exception.ckpt"
 
@@ -164,6 +165,9 @@ def test_a_crash_keeps_its_steps_and_resumes_bit_exact(reference, tmp_path: Path
     # resume=auto from step 4; a failure in step 8's backward keeps steps 1-7 (last.ckpt: 6).
     proc = killed(tmp_path, "run", at_step=7, mode="raise_in_backward")
     assert proc.returncode == 1 and step_of(crash) == 7 and last_step(run) == 6
+    # A failure in epoch 0's validation, after its last step (last.ckpt is step 9).
+    proc = killed(tmp_path, "run", at_step=10, mode="raise_in_val")
+    assert proc.returncode == 1 and step_of(crash) == 10 and last_step(run) == 9
     # Then a failure after step 14's update (last.ckpt is step 12).
     proc = killed(tmp_path, "run", at_step=14, mode="raise")
     assert proc.returncode == 1 and step_of(crash) == 14 and last_step(run) == 12

@@ -87,3 +87,19 @@ def test_startup_benchmark_smoke() -> None:
         ours, floor = (float(x) for x in rows[phase].split("|")[2:4])
         assert ours >= 0 and floor >= 0, rows[phase]
     assert "`train.py --cfg job`" in proc.stdout
+
+
+@pytest.mark.slow  # worker processes start: seconds
+def test_stateful_loader_benchmark_smoke(tmp_path) -> None:
+    pytest.importorskip("torchdata")  # not a dependency: the comparison is with it
+    out = tmp_path / "loaders.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/stateful_loader.py", "--rounds", "1", "--batches", "5",
+         "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    for name in ("ResumableLoader", "StatefulDataLoader"):
+        assert results[f"{name}/calls_per_batch"] > 0
+        assert results[f"{name}/workers=2/us_per_batch"] > 0

@@ -179,9 +179,13 @@ def test_a_crash_keeps_its_steps_and_resumes_bit_exact(reference, tmp_path: Path
 def test_a_crash_saves_only_what_resumes_exactly() -> None:
     from types import SimpleNamespace
 
-    from fasttrain.checkpoints.crash import _not_saved_because
+    from fasttrain.callbacks.grad_health import NonFiniteGradientError
+    from fasttrain.checkpoints.crash import _not_saved_because as why
 
-    net = torch.nn.Linear(2, 2)
+    net, failed = torch.nn.Linear(2, 2), RuntimeError("a bad batch")
+
+    def _not_saved_because(trainer: Any, net: Any, exception: Exception = failed) -> str | None:
+        return why(trainer, net, exception)
 
     def trainer(step: int, done: int = 0, every: int = 1, saved: int = -1, world: int = 1) -> Any:
         progress = SimpleNamespace(current=SimpleNamespace(completed=done))
@@ -196,6 +200,9 @@ def test_a_crash_saves_only_what_resumes_exactly() -> None:
     assert "DDP" in _not_saved_because(trainer(7, world=2), net)
     assert "accumulation" in _not_saved_because(trainer(3, done=13, every=4), net)
     assert _not_saved_because(trainer(3, done=12, every=4), net) is None  # a window's start
+    # callbacks.nonfinite may raise steps after the bad one: resumed, the run would go past it.
+    bad = NonFiniteGradientError("non-finite gradient at step 5")
+    assert "non-finite" in _not_saved_because(trainer(7, done=7), net, bad)
     with torch.no_grad():
         net.weight[0, 0] = float("nan")
     assert "NaN" in _not_saved_because(trainer(7, done=7), net)

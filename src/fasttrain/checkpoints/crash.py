@@ -21,13 +21,15 @@ class CrashCheckpoint(OnExceptionCheckpoint):
     of the folder, so resume=auto continues from it; removed by the next run that ends well),
     saved only when there is something new to keep that resumes exactly, said in one line.
 
-    Not saved: for SIGTERM and Ctrl-C (ResumeState saves last.ckpt after the batch); before the
-    first step, or at a step already saved; in a gradient accumulation window (its summed
-    gradients are not in a checkpoint: the resumed window would be short); with NaN/Inf in the
-    weights (a state not worth continuing); under DDP (the save waits for every rank, and only
-    this one failed). Lightning's loops count where the failure hit: a failure in a step's
-    forward or backward resumes at that batch, one after its update (a callback's end-of-batch
-    hook) at the next.
+    Not saved: for SIGTERM and Ctrl-C (ResumeState saves last.ckpt after the batch); for a
+    non-finite value (FloatingPointError: callbacks.nonfinite's NonFiniteGradientError, which
+    may stop a few steps after the bad one, and promises no checkpoint from it on; resumed, the
+    run would go on past it); before the first step, or at a step already saved; in a gradient
+    accumulation window (its summed gradients are not in a checkpoint: the resumed window would
+    be short); with NaN/Inf in the weights (a state not worth continuing); under DDP (the save
+    waits for every rank, and only this one failed). Lightning's loops count where the failure
+    hit: a failure in a step's forward or backward resumes at that batch, one after its update
+    (a callback's end-of-batch hook) at the next.
 
     Args:
         dirpath: the run's checkpoint folder.
@@ -36,7 +38,7 @@ class CrashCheckpoint(OnExceptionCheckpoint):
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
-        reason = _not_saved_because(trainer, pl_module)
+        reason = _not_saved_because(trainer, pl_module, exception)
         step = trainer.global_step
         if reason is None:
             _forget_unfinished_batch(trainer)
@@ -66,8 +68,10 @@ def _forget_unfinished_batch(trainer: Any) -> None:
         loader.unserve(unfinished)
 
 
-def _not_saved_because(trainer: Any, pl_module: Any) -> str | None:
+def _not_saved_because(trainer: Any, pl_module: Any, exception: BaseException) -> str | None:
     """Why the failed run's state is not saved ("" unsaid: nothing new), or None: save it."""
+    if isinstance(exception, FloatingPointError):
+        return "a non-finite value; the newest checkpoint holds the last finite weights"
     step = trainer.global_step
     saved = [getattr(c, "_last_global_step_saved", -1) for c in trainer.checkpoint_callbacks]
     if step == 0 or step in saved:

@@ -5,6 +5,7 @@ looks, when it resumes exactly. Without it a crash at step 900 of a 1,000-step e
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class CrashCheckpoint(OnExceptionCheckpoint):
     """Lightning's OnExceptionCheckpoint (`<dirpath>/on_exception.ckpt`, the newest checkpoint
-    of the folder, so resume=auto continues from it; removed by the next run that ends well),
+    of the folder, so resume=auto continues from it; removed once a newer one is saved),
     saved only when there is something new to keep that resumes exactly, said in one line.
 
     Not saved: for SIGTERM and Ctrl-C (ResumeState saves last.ckpt after the batch); for a
@@ -48,6 +49,15 @@ class CrashCheckpoint(OnExceptionCheckpoint):
         elif reason:
             log.warning("the run failed at step %d (%s): nothing saved (%s)",
                         step, type(exception).__name__, reason)  # fmt: skip
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # Lightning's removes the file after every stage, a tuner's fit included (tuner.lr_find
+        # runs one before the real fit, which then resumes from this very file): only a newer
+        # checkpoint of the run supersedes it.
+        path = Path(self.ckpt_path)
+        if path.is_file() and any(other.stat().st_mtime > path.stat().st_mtime
+                                  for other in path.parent.glob("*.ckpt")):  # fmt: skip
+            super().teardown(trainer, pl_module, stage)
 
 
 def _forget_unfinished_batch(trainer: Any) -> None:

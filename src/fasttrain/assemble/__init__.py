@@ -26,7 +26,7 @@ import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, OmegaConf
@@ -125,7 +125,9 @@ def build_run(
     every = [*build_all(cfg.get("callbacks"), "callbacks"), ResumeState(cfg.seed),
              ModelSpec(spec), *callbacks]  # fmt: skip
     if cfg.trainer.get("enable_checkpointing") is False:  # no checkpoint, on a crash neither
-        every = [c for c in every if not isinstance(c, OnExceptionCheckpoint)]
+        from fasttrain.checkpoints.crash import CrashCheckpoint
+
+        every = [c for c in every if not isinstance(c, CrashCheckpoint)]
     loggers = build_all(cfg.get("logger"), "logger")
     for logger in loggers:  # TensorBoard's layout: the task's own charts (fasttrain.models.task)
         if hasattr(logger, "monitor"):  # its chart, its column, first (RunLogger, MLflowRun)

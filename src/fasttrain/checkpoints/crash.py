@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fasttrain import shown
@@ -17,7 +17,7 @@ from fasttrain import shown
 log = logging.getLogger(__name__)
 
 
-class CrashCheckpoint(OnExceptionCheckpoint):
+class CrashCheckpoint(Checkpoint):
     """Lightning's OnExceptionCheckpoint (`<dirpath>/on_exception.ckpt`, the newest checkpoint
     of the folder, so resume=auto continues from it; removed once a newer one is saved),
     saved only when there is something new to keep that resumes exactly, said in one line.
@@ -32,9 +32,21 @@ class CrashCheckpoint(OnExceptionCheckpoint):
     hit: a failure in a step's forward or backward resumes at that batch, one after its update
     (a callback's end-of-batch hook) at the next.
 
+    Not a subclass of Lightning's: with an OnExceptionCheckpoint among the callbacks, Lightning
+    turns `fit(ckpt_path=None)` into `ckpt_path="last"` (a run started fresh, resume=never,
+    would continue from whatever checkpoint its folder holds).
+
     Args:
         dirpath: the run's checkpoint folder.
     """
+
+    def __init__(self, dirpath: str) -> None:
+        super().__init__()
+        self.dirpath = dirpath
+
+    @property
+    def ckpt_path(self) -> str:
+        return str(Path(self.dirpath) / "on_exception.ckpt")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
@@ -43,7 +55,7 @@ class CrashCheckpoint(OnExceptionCheckpoint):
         step = trainer.global_step
         if reason is None:
             _forget_unfinished_batch(trainer)
-            super().on_exception(trainer)
+            trainer.save_checkpoint(self.ckpt_path)
             log.warning("the run failed at step %d (%s): saved %s, where resume=auto continues",
                         step, type(exception).__name__, shown(self.ckpt_path))  # fmt: skip
         elif reason:
@@ -57,7 +69,7 @@ class CrashCheckpoint(OnExceptionCheckpoint):
         path = Path(self.ckpt_path)
         if path.is_file() and any(other.stat().st_mtime > path.stat().st_mtime
                                   for other in path.parent.glob("*.ckpt")):  # fmt: skip
-            super().teardown(trainer, pl_module, stage)
+            trainer.strategy.remove_checkpoint(self.ckpt_path)
 
 
 def _forget_unfinished_batch(trainer: Any) -> None:

@@ -63,9 +63,10 @@ class CrashCheckpoint(Checkpoint):
                         step, type(exception).__name__, reason)  # fmt: skip
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        # Lightning's removes the file after every stage, a tuner's fit included (tuner.lr_find
-        # runs one before the real fit, which then resumes from this very file): only a newer
-        # checkpoint of the run supersedes it.
+        # Not after every stage, as Lightning's OnExceptionCheckpoint does: a tuner's fit
+        # (tuner.lr_find) ends before the real fit, which then resumes from this very file. Only
+        # a newer checkpoint of the run supersedes it. (The finiteness check in
+        # _not_saved_because syncs the device, on the exception path only.)
         path = Path(self.ckpt_path)
         if path.is_file() and any(other.stat().st_mtime > path.stat().st_mtime
                                   for other in path.parent.glob("*.ckpt")):  # fmt: skip

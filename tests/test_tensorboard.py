@@ -112,18 +112,26 @@ def test_the_bare_address_opens_unsmoothed_and_the_rest_is_tensorboards(server: 
     """`make tensorboard` (fasttrain.tools.board, this module's server): the bare address is
     sent on to TensorBoard's own link state with smoothing 0; a link with a state keeps it."""
     host, port = urllib.parse.urlparse(server).netloc.split(":")
-    for path, landing in (("/", "/?smoothing=0"), ("/?smoothing=0.3", None),
-                          ("/data/runs", None)):  # fmt: skip
+    for path in ("/", "/?smoothing=0.3", "/data/runs"):
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
         conn.request("GET", path)
         response = conn.getresponse()
-        body = response.read()
+        body = response.read().decode()
         conn.close()
-        if landing:
-            assert (response.status, response.getheader("Location")) == (302, landing)
-        else:
-            assert response.status == 200 and body, path
-    assert "<tb-webapp" in urllib.request.urlopen(server + "/").read().decode()  # redirected
+        assert response.status == 200 and body, path
+        landing = re.search(r'location\.replace\("([^"]+)" \+ location\.hash\)', body)
+        assert bool(landing) == (path == "/"), (path, body[:300])  # TensorBoard's own page else
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", "/")
+    target = re.search(r'location\.replace\("([^"]+)"', conn.getresponse().read().decode())[1]
+    conn.close()
+    state = urllib.parse.parse_qs(urllib.parse.urlparse(target).query)
+    assert state == {"smoothing": ["0"], "runColorGroup": ["regex:^(.+?)(?:/hparams)?$"]}
+    from fasttrain.callbacks import board
+    from fasttrain.tools.board import COLOUR_BY_RUN
+
+    assert COLOUR_BY_RUN == board.COLOUR_BY_RUN  # the landing's copy of the run's own
+    assert "<tb-webapp" in urllib.request.urlopen(server + target).read().decode()
 
 
 def steps(server: str, run: str, tag: str) -> list[int]:
@@ -300,6 +308,7 @@ def pinned_in(printed: str) -> list[str]:
     (url,) = [ln.split()[1] for ln in printed.splitlines() if ln.startswith("view ")]
     query = urllib.parse.urlparse(url).query
     assert urllib.parse.parse_qs(query)["smoothing"] == ["0"]  # a few val points as they are
+    assert urllib.parse.parse_qs(query)["runColorGroup"] == ["regex:^(.+?)(?:/hparams)?$"]
     cards = json.loads(urllib.parse.parse_qs(query)["pinnedCards"][0])
     assert all(card["plugin"] == "scalars" for card in cards)
     return [card["tag"] for card in cards]
@@ -352,6 +361,34 @@ def test_time_series_opens_on_the_tasks_own_charts(server: str) -> None:
     for tag, rows in cards:
         if tag.startswith(f"{GROUP}/"):
             assert sorted(rows) == sorted(runs(server)), (tag, rows)
+
+
+def run_list(page: str) -> dict[str, str]:
+    """The runs of the Time Series run list, each with the colour of its swatch."""
+    rows = re.split(r"<tb-data-table-content-row", page)[1:]
+    found = {}
+    for row in rows:
+        name = re.search(r'class="cell extra-right-padding ng-star-inserted"> (train/\S+) <', row)
+        colour = re.search(r'class="run-color-swatch" style="background: ([^;"]+)', row)
+        if name and colour:
+            found[name[1]] = colour[1]
+    return found
+
+
+@pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow
+@needs_chromium
+def test_the_landing_pairs_a_runs_colours_and_widens_its_list(server: str) -> None:
+    """The bare address (as `make tensorboard` opens it): a run and its HPARAMS session's run
+    (the `verdict/` points) in one colour, each run its own; the run list at RUN_LIST_PERCENT
+    of the page, not TensorBoard's 20 %, where a name is cut within its date."""
+    from fasttrain.tools.board import RUN_LIST_PERCENT
+
+    page = rendered(server + "/")
+    assert f'class="sidebar ng-star-inserted" style="width: {RUN_LIST_PERCENT}%' in page
+    colours = run_list(page)
+    assert sorted(colours) == sorted([*runs(server), *(r + "/hparams" for r in runs(server))])
+    assert all(colours[run] == colours[run + "/hparams"] for run in runs(server)), colours
+    assert len({colours[run] for run in runs(server)}) == len(runs(server)), colours
 
 
 @pytest.mark.slow  # a headless browser (seconds): CI runs it in make test-slow

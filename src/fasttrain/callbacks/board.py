@@ -91,6 +91,9 @@ def layout(
 
 # The HPARAMS session's run, below the run folder: its events hold the session and `verdict/*`.
 SESSION_RUN = "hparams"
+# TensorBoard's colour groups (`runColorGroup`): a run and its session's run in one colour.
+# fasttrain.tools.board's landing sets the same (it cannot import this module's Lightning).
+COLOUR_BY_RUN = f"regex:^(.+?)(?:/{SESSION_RUN})?$"
 # fasttrain's run-health scalars (fasttrain.callbacks.perf, grad_health; LearningRate).
 VITALS = ("perf/", "grad_norm/", "grad_norm_layers/", "lr/")
 # The group of a run whose task is not known (a logger used outside build_run).
@@ -275,8 +278,10 @@ def pinned_tags(
 
 def view_url(tags: Sequence[str], port: int = 6006) -> str:
     """TensorBoard's Time Series page with `tags` pinned first (its `pinnedCards` link), curves
-    unsmoothed (TensorBoard's default of 0.6 misreports a curve of a few validation points)."""
+    unsmoothed (TensorBoard's default of 0.6 misreports a curve of a few validation points),
+    one colour a run (its `verdict/` points in `<run>/hparams` too)."""
     cards = json.dumps([{"plugin": "scalars", "tag": t} for t in tags], separators=(",", ":"))
-    return (
-        f"http://127.0.0.1:{port}/?smoothing=0&pinnedCards={urllib.parse.quote(cards)}#timeseries"
+    query = urllib.parse.urlencode(
+        {"smoothing": 0, "runColorGroup": COLOUR_BY_RUN, "pinnedCards": cards}
     )
+    return f"http://127.0.0.1:{port}/?{query}#timeseries"

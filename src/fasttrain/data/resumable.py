@@ -9,6 +9,10 @@ A plain shuffling DataLoader restarts the epoch from a fresh random order instea
 The position is a number of batches, so it holds only for the batch size it was counted in:
 resuming mid-epoch with another `data.batch_size` is refused (Lightning's own loop counts the
 epoch's batches in the old size too, and would end the epoch early or at once).
+
+Not torchdata's StatefulDataLoader, the library's loader for the job: per batch it makes 295
+Python calls to this loader's 39 and takes 94.5 us to 72.5 us without workers
+(`bench/stateful_loader.py`, 2-vCPU VM, BENCHMARKS.md), on the hot path of every step.
 """
 
 from __future__ import annotations

@@ -49,7 +49,9 @@ def free_port() -> int:
 def train(log_dir: Path) -> None:
     for extra in RUNS:
         python = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
-        cmd = [python, "train.py", *COMMON, *extra, f"paths.log_dir={log_dir}"]
+        given = {arg.partition("=")[0] for arg in extra}
+        common = [arg for arg in COMMON if arg.partition("=")[0] not in given]  # named once
+        cmd = [python, "train.py", *common, *extra, f"paths.log_dir={log_dir}"]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
 
 

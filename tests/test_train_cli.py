@@ -229,3 +229,20 @@ def test_a_single_run_is_composed_once(tmp_path: Path) -> None:
     assert checked.run.hydra.run.dir == str(checked.run_dir)  # the folder the run will use
     assert list(checked.run.hydra.overrides.hydra)[-1] == "hydra.mode=RUN"  # as Hydra records it
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_key_given_twice_names_the_run_by_the_value_used(tmp_path: Path) -> None:
+    """Hydra runs with the last of two values for one key; the folder names that one only
+    (it listed both, sorted: `seed=5 seed=3` ran with seed=3 and was named seed=3,seed=5)."""
+    from fasttrain.config.overrides import check_command_line
+
+    checked = check_command_line("train", [f"paths.log_dir={tmp_path}", "seed=5", "model=mlp",
+                                           "seed=3", "data.batch_size=16"])  # fmt: skip
+    assert checked.run is not None and checked.run.seed == 3
+    assert Path(checked.run_dir).name.endswith("_data.batch_size=16,model=mlp,seed=3")
+    from fasttrain import _last_of_each_key
+
+    typed = ["model.net.hidden=[64,32]", "seed=1", "seed=1"]  # a value with commas; one repeat
+    assert _last_of_each_key("model.net.hidden=[64,32],seed=1,seed=1", typed) == (
+        "model.net.hidden=[64,32],seed=1"
+    )

@@ -121,8 +121,21 @@ def _overrides_suffix() -> str:
 
     if not HydraConfig.initialized():
         return ""
-    overrides = HydraConfig.get().job.override_dirname
+    hydra = HydraConfig.get()
+    overrides = _last_of_each_key(hydra.job.override_dirname, list(hydra.overrides.task))
     return f"_{short_overrides(overrides.replace('/', '.'))}" if overrides else ""
+
+
+def _last_of_each_key(dirname: str, typed: list[str]) -> str:
+    """Hydra's `override_dirname` (sorted by value too) with a key given twice on the command
+    line named once, by the value that won (the last typed): `seed=1 seed=2` ran with seed=2
+    and was named "seed=1,seed=2"."""
+    import re
+
+    last = {item.partition("=")[0]: item for item in typed}
+    items = re.split(r",(?=[\w.+~@/-]+=)", dirname) if dirname else []
+    kept = [item for item in items if last.get(item.partition("=")[0], item) == item]
+    return ",".join(dict.fromkeys(kept))
 
 
 def short_overrides(overrides: str, limit: int = MAX_OVERRIDES) -> str:

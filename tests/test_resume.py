@@ -208,6 +208,28 @@ def test_a_crash_saves_only_what_resumes_exactly() -> None:
     assert "NaN" in _not_saved_because(trainer(7, done=7), net)
 
 
+def test_a_crash_whose_save_fails_still_raises_its_own_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A save that fails in the exception hook (a full disk) is said in one line; it does not
+    replace the run's own exception, which Lightning re-raises after the hook."""
+    from types import SimpleNamespace
+
+    from fasttrain.checkpoints import crash
+
+    def full_disk(path: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(crash, "_not_saved_because", lambda *args: None)
+    monkeypatch.setattr(crash, "_forget_unfinished_batch", lambda trainer: None)
+    trainer = SimpleNamespace(global_step=5, save_checkpoint=full_disk)
+    hook = crash.CrashCheckpoint(str(tmp_path))
+    with caplog.at_level("WARNING"):
+        hook.on_exception(trainer, None, RuntimeError("a bad batch"))  # returns: no OSError
+    assert "step 5 (RuntimeError): nothing saved (the save failed: " in caplog.text
+    assert "No space left on device" in caplog.text and not list(tmp_path.iterdir())
+
+
 def test_resume_resolution(tmp_path: Path) -> None:
     ckpts = tmp_path / "checkpoints"
     assert checkpoint_to_resume("auto", tmp_path) is None  # a fresh run: nothing to resume

@@ -55,7 +55,12 @@ class CrashCheckpoint(Checkpoint):
         step = trainer.global_step
         if reason is None:
             _forget_unfinished_batch(trainer)
-            trainer.save_checkpoint(self.ckpt_path)
+            try:
+                trainer.save_checkpoint(self.ckpt_path)
+            except Exception as error:  # a full disk, say: the run's own failure is the news
+                log.warning("the run failed at step %d (%s): nothing saved (the save failed: %s)",
+                            step, type(exception).__name__, error)  # fmt: skip
+                return
             log.warning("the run failed at step %d (%s): saved %s, where resume=auto continues",
                         step, type(exception).__name__, shown(self.ckpt_path))  # fmt: skip
         elif reason:

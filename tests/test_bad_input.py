@@ -120,6 +120,13 @@ CASES = [
     (["data.num_workers=-1"], ["data.num_workers=-1", ">= 0"]),
     (["model.net.dropout=1.5"], ["model.net.dropout=1.5", "[0, 1)"]),
     (["callbacks.checkpoint.every_n_train_steps=-2"], ["callbacks.checkpoint", "Must be >= 0"]),
+    # an int 0 divided Lightning's step count mid-fit; one past the epoch failed when fit read
+    # the loader (both a traceback, after the run folder was written)
+    (["trainer.val_check_interval=0"], ["trainer.val_check_interval=0", "an int >= 1"]),
+    (
+        ["trainer.val_check_interval=1000"],
+        ["trainer.val_check_interval=1000", "at most 19", "check_val_every_n_epoch=null"],
+    ),
     # labels outside the class range
     (["data.num_classes=5"], ["data.num_classes=5", "expected >= 10"]),
     # paths and checkpoints

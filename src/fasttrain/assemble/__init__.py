@@ -277,6 +277,8 @@ class Trainer(L.Trainer):
                 "needs a GPU and none is visible here (trainer=gpu, ddp "
                 "and fsdp need one); use trainer=cpu, or trainer=ddp_cpu for DDP on CPU processes",
             )
+        if kwargs.get("val_check_interval") == 0:  # an int 0: Lightning divides by it mid-fit
+            raise ConfigError("val_check_interval", 0, VAL_CHECK_VALID)
         if gradient_clip_algorithm not in (None, "norm", "value"):
             raise ConfigError(
                 "gradient_clip_algorithm",
@@ -301,7 +303,33 @@ class Trainer(L.Trainer):
     def fit(self, model: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         if isinstance(model, L.LightningModule):  # anything else: Lightning's own error
             skip_unused_step_hooks(model)
-        super().fit(model, *args, **kwargs)
+        try:
+            super().fit(model, *args, **kwargs)
+        except ValueError as error:
+            raise _val_check_past_the_epoch(self) or error from error
+
+
+# What trainer.val_check_interval takes (Lightning's Trainer), said when it is refused.
+VAL_CHECK_VALID = (
+    "expected an int >= 1 (training batches), a fraction of an epoch in [0.0, 1.0], "
+    "a time 'DD:HH:MM:SS', or null (once an epoch)"
+)
+
+
+def _val_check_past_the_epoch(trainer: L.Trainer) -> UserError | None:
+    """An int val_check_interval over an epoch's training batches, which Lightning refuses when
+    the epoch's loader is first read (inside fit: a ValueError and a traceback), said as the
+    override that fixes it. Read from the trainer's state, not from Lightning's message."""
+    every, batches = trainer.val_check_interval, trainer.fit_loop.max_batches
+    if not isinstance(every, int) or trainer.check_val_every_n_epoch is None:
+        return None
+    if not isinstance(batches, int) or every <= batches:
+        return None
+    expected = (
+        f"expected at most {batches}, the training batches of an epoch here, or a fraction of "
+        "an epoch in [0.0, 1.0]; trainer.check_val_every_n_epoch=null counts it across epochs"
+    )
+    return ConfigError("val_check_interval", every, expected).at("trainer")
 
 
 def _gpu_available() -> bool:

@@ -114,6 +114,9 @@ CASES = [
     (["model.optimizer.lr=0"], ["model.optimizer.lr=0", "> 0"]),
     (["model/optimizer=sgd", "model.optimizer.momentum=-1"], ["model.optimizer.momentum=-1"]),
     (["trainer.max_epochs=-5"], ["max_epochs", "non-negative integer or -1"]),
+    # 0 trained nothing, then tested the untrained model as the run's result
+    (["trainer.max_epochs=0"], ["trainer.max_epochs=0", "no training batch", ">= 1"]),
+    (["trainer.max_steps=0"], ["trainer.max_steps=0", "no training batch", "train=false"]),
     (["data.val_fraction=1.5"], ["data.val_fraction=1.5", "between 0 and 1"]),
     (["data.val_fraction=0"], ["data.val_fraction=0", "between 0 and 1"]),
     (["data.test_fraction=-0.2"], ["data.test_fraction=-0.2", "between 0 and 1"]),

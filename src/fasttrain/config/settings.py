@@ -56,13 +56,24 @@ def check_output_dir(output_dir: str | None) -> None:
 def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:
     """With train=true, a run that trains on no batch would test an untrained model as its
     result: refuse it (train=false is the way to test a model untrained)."""
-    limit = (trainer or {}).get("limit_train_batches")
-    if train and limit is not None and not isinstance(limit, bool) and limit == 0:
-        raise UserError(
-            f"trainer.limit_train_batches={limit}: no training batch would run and the untrained "
-            "model would be tested as this run's result; set it > 0 (an int of batches or a "
-            "fraction of them), or train=false to test the model untrained"
-        )
+    if not train:
+        return
+    for knob, valid in _RUN_LENGTH_VALID.items():
+        value = (trainer or {}).get(knob)
+        if value is not None and not isinstance(value, bool) and value == 0:
+            raise UserError(
+                f"trainer.{knob}={value}: no training batch would run and the untrained "
+                f"model would be tested as this run's result; {valid}, or train=false to test "
+                "the model untrained"
+            )
+
+
+# The knobs whose 0 trains nothing (Lightning stops at once, then the run tests), and their use.
+_RUN_LENGTH_VALID = {
+    "limit_train_batches": "set it > 0 (an int of batches or a fraction of them)",
+    "max_epochs": "set it >= 1, or -1 for no epoch limit",
+    "max_steps": "set it >= 1, or -1 for no step limit",
+}
 
 
 def check_schedule_length(model: dict[str, Any] | None, trainer: dict[str, Any] | None) -> None:

@@ -130,6 +130,20 @@ CASES = [
         ["trainer.val_check_interval=1000"],
         ["trainer.val_check_interval=1000", "at most 19", "check_val_every_n_epoch=null"],
     ),
+    # a monitor's mode kept the worst weights as the best; a monitor never logged was a
+    # traceback from inside fit
+    (
+        ["callbacks.best.monitor=val/loss"],
+        ["callbacks.best.mode=max", "val/loss is better lower", "set callbacks.best.mode=min"],
+    ),
+    (
+        ["model=regressor", "data=diabetes", "callbacks.best.monitor=val/r2"],
+        ["callbacks.best.mode=min", "val/r2 is better higher", "set callbacks.best.mode=max"],
+    ),
+    (
+        ["callbacks.best.monitor=val/nope"],
+        ["callbacks.best.monitor=val/nope", "the run logs no val/nope", "val/acc, val/acc_best"],
+    ),
     # labels outside the class range
     (["data.num_classes=5"], ["data.num_classes=5", "expected >= 10"]),
     # paths and checkpoints
@@ -235,3 +249,28 @@ def test_hydra_full_error_lets_the_exception_through(override: str, tmp_path: Pa
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(UserError, match=override.split("=")[0]):
         main()
+
+
+def test_a_monitor_of_its_own_names_the_best_checkpoint_by_its_value(tmp_path: Path) -> None:
+    """callbacks.best's file name shows the value it keeps the best of (it showed the task's
+    monitor, val/acc, whatever callbacks.best.monitor said), and the direction of each metric
+    comes from the task: its name, its monitor_mode, its torchmetrics' higher_is_better."""
+    from practices import compose_train
+
+    from fasttrain.assemble.monitors import direction
+    from fasttrain.models.classifier import Classifier
+
+    own = compose_train(tmp_path, "callbacks.best.monitor=val/loss", "callbacks.best.mode=min",
+                        quick=False)  # fmt: skip
+    assert own.callbacks.best.filename == "epoch{epoch:03d}-loss{val/loss:.4f}"
+    default = compose_train(tmp_path, quick=False).callbacks.best.filename
+    assert default == "epoch{epoch:03d}-acc{val/acc:.4f}"
+    task = Classifier.__new__(Classifier)  # the class's own answers, no net needed
+    task.num_classes = 3
+    assert [direction(task, n) for n in ("val/loss", "val/acc", "val/acc_best", "test/acc")] == [
+        "min",
+        "max",
+        "max",
+        "max",
+    ]
+    assert direction(task, "val/f9") is None  # a name the task does not know: not checked

@@ -32,6 +32,7 @@ from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, OmegaConf
 
 import fasttrain.distributed.dp  # noqa: F401  (registers `dp` before any Trainer is built)
+from fasttrain.assemble.monitors import check_modes, config_keys, never_logged
 from fasttrain.checkpoints.io import AtomicCheckpointIO, ModelSpec
 from fasttrain.checkpoints.state import ResumeState, confine_restored_paths
 from fasttrain.config.errors import ConfigError, UserError
@@ -79,8 +80,13 @@ def build_all(group: DictConfig | None, path: str) -> list[Any]:
     """Build each named entry of a group like `callbacks:` or `logger:`; null entries skip."""
     if not group:
         return []
-    return [build(node, f"{path}.{name!s}") for name, node in group.items()
-            if isinstance(node, DictConfig) and "_target_" in node]  # fmt: skip
+    built = []
+    for name, node in group.items():
+        if isinstance(node, DictConfig) and "_target_" in node:
+            built.append(obj := build(node, f"{path}.{name!s}"))
+            with contextlib.suppress(TypeError):  # an object weakref cannot hold: no key
+                config_keys[obj] = f"{path}.{name!s}"
+    return built
 
 
 def build_model(node: DictConfig, **kwargs: Any) -> Any:
@@ -117,6 +123,7 @@ def build_run(
     # corpus, tokenized once into memmaps): a bad one is then one line, before anything runs.
     getattr(datamodule, "prepare_before_trainer", lambda: None)()
     model = build_model(cfg.model, **model_kwargs)
+    check_modes(cfg.get("callbacks"), model)
     mismatch = getattr(model, "data_mismatch", lambda _: None)(datamodule)
     if mismatch:  # e.g. model.num_targets=2 on a data set with one target per sample
         raise UserError(f"model ({cfg.model._target_}) does not fit data "
@@ -305,8 +312,8 @@ class Trainer(L.Trainer):
             skip_unused_step_hooks(model)
         try:
             super().fit(model, *args, **kwargs)
-        except ValueError as error:
-            raise _val_check_past_the_epoch(self) or error from error
+        except (ValueError, RuntimeError, MisconfigurationException) as error:
+            raise _val_check_past_the_epoch(self) or never_logged(self, error) or error from error
 
 
 # What trainer.val_check_interval takes (Lightning's Trainer), said when it is refused.

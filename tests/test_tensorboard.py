@@ -134,6 +134,42 @@ def test_the_bare_address_opens_unsmoothed_and_the_rest_is_tensorboards(server: 
     assert "<tb-webapp" in urllib.request.urlopen(server + target).read().decode()
 
 
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's script")
+def test_the_landing_keeps_the_users_own_settings() -> None:
+    """The landing page's script, run by Node.js over a stand-in for the browser's storage:
+    TensorBoard's settings key gets the wider run list and the closed settings pane only where
+    the user has not set them (their own width stays), a stored value that is not an object is
+    replaced, and the page goes on to the unsmoothed link state with the fragment asked for."""
+    from fasttrain.tools.board import DEFAULTS, LANDING, landing_page
+
+    script = re.search(r"<script>(.*)</script>", landing_page().decode(), re.S)[1]
+    stand_in = """
+    const stored = process.argv[1] === "null" ? null : process.argv[1];
+    const store = new Map(stored === null ? [] : [["_tb_global_settings", stored]]);
+    globalThis.localStorage = {getItem: (k) => store.has(k) ? store.get(k) : null,
+                               setItem: (k, v) => store.set(k, v)};
+    globalThis.location = {hash: "#hparams", replace: (url) => { globalThis.went = url; }};
+    """
+    said = """
+    console.log(JSON.stringify({settings: JSON.parse(store.get("_tb_global_settings")),
+                                went: globalThis.went}));
+    """
+    harness = stand_in + script + said
+
+    def landed(stored: str) -> dict[str, Any]:
+        proc = subprocess.run(["node", "-e", harness, stored], capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    fresh = landed("null")
+    assert fresh == {"settings": DEFAULTS, "went": "/" + LANDING + "#hparams"}
+    own = landed(json.dumps({"sideBarWidthInPercent": 50, "scalarSmoothing": 0.3}))["settings"]
+    assert own == {**DEFAULTS, "sideBarWidthInPercent": 50, "scalarSmoothing": 0.3}
+    for junk in ("5", "[1]", "{not json"):
+        assert landed(junk)["settings"] == DEFAULTS
+
+
 def steps(server: str, run: str, tag: str) -> list[int]:
     query = urllib.parse.urlencode({"run": run, "tag": tag})
     return [step for _, step, _ in get_json(f"{server}/data/plugin/scalars/scalars?{query}")]

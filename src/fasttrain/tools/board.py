@@ -40,7 +40,8 @@ _PAGE = """<!doctype html><meta charset="utf-8"><title>TensorBoard</title>
 <noscript><a href="{href}">TensorBoard</a></noscript>
 <script>
 let settings = {{}};
-try {{ settings = JSON.parse(localStorage.getItem("{key}") || "{{}}") || {{}}; }} catch (e) {{}}
+try {{ settings = JSON.parse(localStorage.getItem("{key}") || "{{}}"); }} catch (e) {{}}
+if (!settings || typeof settings !== "object" || Array.isArray(settings)) settings = {{}};
 const defaults = {defaults};
 if (Object.keys(defaults).some((name) => !(name in settings))) {{
   localStorage.setItem("{key}", JSON.stringify({{...defaults, ...settings}}));

@@ -313,7 +313,8 @@ class Trainer(L.Trainer):
         try:
             super().fit(model, *args, **kwargs)
         except (ValueError, RuntimeError, MisconfigurationException) as error:
-            raise _val_check_past_the_epoch(self) or never_logged(self, error) or error from error
+            past = _val_check_past_the_epoch(self, error)
+            raise past or never_logged(self, error) or error from error
 
 
 # What trainer.val_check_interval takes (Lightning's Trainer), said when it is refused.
@@ -323,11 +324,14 @@ VAL_CHECK_VALID = (
 )
 
 
-def _val_check_past_the_epoch(trainer: L.Trainer) -> UserError | None:
-    """An int val_check_interval over an epoch's training batches, which Lightning refuses when
-    the epoch's loader is first read (inside fit: a ValueError and a traceback), said as the
-    override that fixes it. Read from the trainer's state, not from Lightning's message."""
+def _val_check_past_the_epoch(trainer: L.Trainer, error: Exception) -> UserError | None:
+    """`error` as an int val_check_interval over an epoch's training batches, which Lightning
+    refuses when the epoch's loader is first read (inside fit: a ValueError and a traceback),
+    said as the override that fixes it; None for any other error. Lightning's own condition,
+    read from the trainer's state."""
     every, batches = trainer.val_check_interval, trainer.fit_loop.max_batches
+    if not isinstance(error, ValueError) or "val_check_interval" not in str(error):
+        return None
     if not isinstance(every, int) or trainer.check_val_every_n_epoch is None:
         return None
     if not isinstance(batches, int) or every <= batches:

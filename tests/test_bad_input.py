@@ -126,6 +126,8 @@ CASES = [
     # an int 0 divided Lightning's step count mid-fit; one past the epoch failed when fit read
     # the loader (both a traceback, after the run folder was written)
     (["trainer.val_check_interval=0"], ["trainer.val_check_interval=0", "an int >= 1"]),
+    (["trainer.check_val_every_n_epoch=0"], ["trainer.check_val_every_n_epoch=0", ">= 1 or null"]),
+    (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0", "an int >= 1"]),
     (
         ["trainer.val_check_interval=1000"],
         ["trainer.val_check_interval=1000", "at most 19", "check_val_every_n_epoch=null"],

@@ -267,6 +267,9 @@ def test_a_monitor_of_its_own_names_the_best_checkpoint_by_its_value(tmp_path: P
     assert own.callbacks.best.filename == "epoch{epoch:03d}-loss{val/loss:.4f}"
     default = compose_train(tmp_path, quick=False).callbacks.best.filename
     assert default == "epoch{epoch:03d}-acc{val/acc:.4f}"
+    # no monitor (the newest kept): still named by the task's metric, as logged
+    unwatched = compose_train(tmp_path, "callbacks.best.monitor=null", quick=False)
+    assert unwatched.callbacks.best.filename == default
     task = Classifier.__new__(Classifier)  # the class's own answers, no net needed
     task.num_classes = 3
     assert [direction(task, n) for n in ("val/loss", "val/acc", "val/acc_best", "test/acc")] == [

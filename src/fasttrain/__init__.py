@@ -194,14 +194,16 @@ def _root_dir() -> str:
     return os.environ.get("FASTTRAIN_ROOT", "").strip() or _launch_dir()
 
 
-def _task_monitor(attribute: str, _root_: Any, name: str = "") -> str:
+def _task_monitor(attribute: str, _root_: Any, name: str | None = None) -> str:
     """`${monitor:}` in conf/: the metric the model's task is judged by (its class's `monitor`,
     e.g. val/mse); `${monitor:mode}` its direction (`monitor_mode`, min), `${monitor:direction}`
-    the same in Optuna's words (minimize), `${monitor:short}` its last part for file names (mse;
-    `${monitor:short,NAME}`: NAME's, a callback's own monitor). One source of truth, the task
-    class (fasttrain.models.task); a module without them: val/loss, min."""
-    if attribute == "short" and name:
-        return name.rsplit("/", 1)[-1]
+    the same in Optuna's words (minimize), `${monitor:short}` its last part (mse).
+    `${monitor:file,NAME}`: a checkpoint file name's metric part, `mse{val/mse:.4f}`, of NAME (a
+    callback's own monitor) or, where NAME is null, of the task's. One source of truth, the
+    task class (fasttrain.models.task); a module without them: val/loss, min."""
+    if attribute == "file":
+        metric = name or _task_monitor("", _root_)
+        return f"{metric.rsplit('/', 1)[-1]}{{{metric}:.4f}}"
     import importlib
 
     from omegaconf import OmegaConf
@@ -235,7 +237,7 @@ def _register_resolvers() -> None:
     OmegaConf.register_new_resolver("root_dir", _root_dir, replace=True)
     OmegaConf.register_new_resolver(
         "monitor",
-        lambda attribute="", name="", *, _root_: _task_monitor(attribute, _root_, name),
+        lambda attribute="", name=None, *, _root_: _task_monitor(attribute, _root_, name),
         replace=True,
     )
     OmegaConf.register_new_resolver("class_count", _class_count, replace=True)

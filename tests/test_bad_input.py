@@ -142,6 +142,11 @@ CASES = [
         ["model=regressor", "data=diabetes", "callbacks.best.monitor=val/r2"],
         ["callbacks.best.mode=min", "val/r2 is better higher", "set callbacks.best.mode=max"],
     ),
+    # a sweep's misspelt metric was found when the run ended: each job trained in full first
+    (
+        ["optimized_metric=val/nope", "trainer.limit_train_batches=2"],
+        ["optimized_metric='val/nope'", "its validation logs val/acc, val/acc_best, val/loss"],
+    ),
     (
         ["callbacks.best.monitor=val/nope"],
         ["callbacks.best.monitor=val/nope", "the run logs no val/nope", "val/acc, val/acc_best"],
@@ -208,6 +213,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2, err
     assert_one_error_line(err, expected)
+    assert not [line for line in err if "on_exception.ckpt" in line], err  # a taken-back file
     assert_nothing_written(log_dir)
 
 

@@ -217,7 +217,7 @@ def test_a_crash_whose_save_fails_still_raises_its_own_error(
 
     from fasttrain.checkpoints import crash
 
-    def full_disk(path: str) -> None:
+    def full_disk(path: str, **_: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(crash, "_not_saved_because", lambda *args: None)

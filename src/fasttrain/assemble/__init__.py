@@ -32,7 +32,7 @@ from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, OmegaConf
 
 import fasttrain.distributed.dp  # noqa: F401  (registers `dp` before any Trainer is built)
-from fasttrain.assemble.monitors import check_modes, config_keys, never_logged
+from fasttrain.assemble.monitors import OptimizedMetric, check_modes, config_keys, never_logged
 from fasttrain.checkpoints.io import AtomicCheckpointIO, ModelSpec
 from fasttrain.checkpoints.state import ResumeState, confine_restored_paths
 from fasttrain.config.errors import ConfigError, UserError
@@ -131,6 +131,8 @@ def build_run(
     spec = plain(OmegaConf.to_container(cfg.model, resolve=True))  # a plain module's record
     every = [*build_all(cfg.get("callbacks"), "callbacks"), ResumeState(cfg.seed),
              ModelSpec(spec), *callbacks]  # fmt: skip
+    if str(cfg.get("optimized_metric") or "").startswith("val/"):
+        every.append(OptimizedMetric(cfg.optimized_metric))
     if cfg.trainer.get("enable_checkpointing") is False:  # no checkpoint, on a crash neither
         from fasttrain.checkpoints.crash import CrashCheckpoint
 

@@ -2,7 +2,9 @@
 checked against the task: a `mode` against the metric's direction, before anything runs
 (`callbacks.best.monitor=val/loss` alone kept the classifier's mode=max, and so the weights of
 the highest validation loss as the best), and a monitor the run never logs, said as the
-override to fix when Lightning finds it missing inside fit (a traceback, the folder written).
+override to fix when Lightning finds it missing inside fit (a traceback, the folder written);
+likewise a sweep's `optimized_metric` of the validation (`OptimizedMetric`), at the first
+validation rather than once the whole run has trained.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 from typing import Any
 from weakref import WeakKeyDictionary
 
+import lightning as L
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig
 
@@ -71,3 +74,25 @@ def never_logged(trainer: Any, error: Exception) -> UserError | None:
                 f"{', '.join(sorted(logged))}"
             )
     return None
+
+
+class OptimizedMetric(L.Callback):
+    """Refuses `optimized_metric=val/...` when the first validation did not log it: a misspelt
+    name was found only when the run ended (each job of a sweep trained in full, then failed).
+    Names of other splits (test/...) are known at the end only; fasttrain.cli checks them there.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.checked = False
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.checked or trainer.sanity_checking:
+            return
+        self.checked = True
+        logged = sorted(n for n in trainer.callback_metrics if n.startswith("val/"))
+        if self.name not in trainer.callback_metrics:
+            raise UserError(
+                f"optimized_metric={self.name!r}: the run never logs it; its validation logs "
+                f"{', '.join(logged) or 'nothing'}"
+            )

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fasttrain import shown
+from fasttrain.config.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,8 @@ class CrashCheckpoint(Checkpoint):
     saved only when there is something new to keep that resumes exactly, said in one line.
 
     Not saved: for SIGTERM and Ctrl-C (ResumeState saves last.ckpt after the batch); for a
+    setting refused mid-run (a UserError, Lightning's MisconfigurationException: the command
+    line is what to fix, and the refused run's folder is taken back); for a
     non-finite value (FloatingPointError: callbacks.nonfinite's NonFiniteGradientError, which
     may stop a few steps after the bad one, and promises no checkpoint from it on; resumed, the
     run would go on past it); before the first step, or at a step already saved; in a gradient
@@ -56,7 +60,7 @@ class CrashCheckpoint(Checkpoint):
         if reason is None:
             _forget_unfinished_batch(trainer)
             try:
-                trainer.save_checkpoint(self.ckpt_path)
+                trainer.save_checkpoint(self.ckpt_path, weights_only=False)  # None: an info line
             except Exception as error:  # a full disk, say: the run's own failure is the news
                 log.warning("the run failed at step %d (%s): nothing saved (the save failed: %s)",
                             step, type(exception).__name__, error)  # fmt: skip
@@ -100,6 +104,8 @@ def _not_saved_because(trainer: Any, pl_module: Any, exception: BaseException) -
     """Why the failed run's state is not saved ("" unsaid: nothing new), or None: save it."""
     if isinstance(exception, FloatingPointError):
         return "a non-finite value; the newest checkpoint holds the last finite weights"
+    if isinstance(exception, (UserError, MisconfigurationException)):
+        return ""  # a setting refused once the run saw it (a monitor never logged): its one line
     step = trainer.global_step
     saved = [getattr(c, "_last_global_step_saved", -1) for c in trainer.checkpoint_callbacks]
     if step == 0 or step in saved:

@@ -64,8 +64,9 @@ def npy_case(kind: str, tmp_path: Path) -> list[str]:
     raise ValueError(kind)
 
 
-def other_model_checkpoint(tmp_path: Path) -> str:
-    """A Classifier checkpoint of the CNN (the default is model=cnn; the cases pass model=mlp)."""
+def other_model_checkpoint(tmp_path: Path, **training_state: object) -> str:
+    """A Classifier checkpoint of the CNN (the default is model=cnn; the cases pass model=mlp),
+    its weights alone or with `training_state` (epoch, loops, ...)."""
     from hydra import compose, initialize_config_dir
 
     from conftest import CONF
@@ -75,8 +76,14 @@ def other_model_checkpoint(tmp_path: Path) -> str:
         cfg = compose("train", overrides=["model=cnn"])
     model = build(cfg.model, "model")
     path = tmp_path / "cnn.ckpt"
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
+    weights = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}
+    torch.save({**weights, **training_state}, path)
     return str(path)
+
+
+# A checkpoint of the right model whose training state is damaged: its loops a string.
+DAMAGED = {"epoch": 0, "global_step": 3, "loops": "garbage", "optimizer_states": [],
+           "lr_schedulers": [], "callbacks": {}}  # fmt: skip
 
 
 def garbage_file(tmp_path: Path) -> str:
@@ -157,6 +164,9 @@ CASES = [
     (["resume=missing.ckpt"], ["resume=missing.ckpt", "no such file", "never, auto"]),
     (["resume={garbage}"], ["resume=", "not a readable checkpoint"]),
     (["model=mlp", "resume={other_model}"], ["resume=", "different model", "resume=never"]),
+    # weights without the training state, or a damaged one: a TypeError deep inside fit
+    (["resume={other_model}"], ["resume=", "continue from (epoch: missing)", "resume=never"]),
+    (["resume={damaged}"], ["resume=", "continue from (loops: str garbage)", "resume=never"]),
     # data files: missing, unreadable, wrong shape, wrong dtype, bad labels
     (["{npy:missing}"], ["data.path=", "no x.npy", "y.npy"]),
     (["{npy:corrupt}"], ["data.path=", "x.npy is not readable"]),
@@ -175,6 +185,8 @@ def expand(overrides: list[str], tmp_path: Path) -> list[str]:
             out += npy_case(o[5:-1], tmp_path)
         elif "{garbage}" in o:
             out.append(o.replace("{garbage}", garbage_file(tmp_path)))
+        elif "{damaged}" in o:
+            out.append(o.replace("{damaged}", other_model_checkpoint(tmp_path, **DAMAGED)))
         elif "{other_model}" in o:
             out.append(o.replace("{other_model}", other_model_checkpoint(tmp_path)))
         else:
@@ -285,3 +297,49 @@ def test_a_monitor_of_its_own_names_the_best_checkpoint_by_its_value(tmp_path: P
         "max",
     ]
     assert direction(task, "val/f9") is None  # a name the task does not know: not checked
+
+
+@pytest.mark.parametrize(
+    "data", [[], ["data=text", "model=gpt", "data.path={text}", "data.cache_dir={cache}"]]
+)
+def test_a_worker_count_past_any_machine_is_refused_before_it_forks(
+    data: list[str], tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """data.num_workers=100000 forked worker after worker until the machine gave out (the run
+    folder left behind), for an in-memory data set as for a decoded one."""
+    from fasttrain.data.base import check_num_workers, max_workers
+    from fasttrain.train import main
+
+    check_num_workers(max_workers())  # the most it takes is taken
+    text = tmp_path / "corpus.txt"
+    text.write_text("a few words of text, again and again. " * 200)
+    log_dir = tmp_path / "logs"
+    too_many = max_workers() + 1
+    chosen = [o.replace("{text}", str(text)).replace("{cache}", str(tmp_path)) for o in data]
+    argv = [*chosen, f"data.num_workers={too_many}", f"paths.log_dir={log_dir}"]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2, err
+    assert_one_error_line(err, [f"data.num_workers={too_many}", f"<= {max_workers()}"])
+    assert_nothing_written(log_dir)
+
+
+@pytest.mark.skipif(np.dtype(np.longdouble).itemsize <= 8, reason="long double is float64 here")
+def test_a_long_double_x_npy_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """float128 passed the dtype check (a float) and torch failed to convert it, a traceback."""
+    from fasttrain.train import main
+
+    x = np.zeros((40, 1, 8, 8), np.longdouble)
+    log_dir = tmp_path / "logs"
+    argv = [NPY, write_npy(tmp_path / "npy", x, np.arange(40) % 10), f"paths.log_dir={log_dir}"]
+    monkeypatch.setattr(sys, "argv", ["train.py", "data.num_workers=0", "model=mlp", *argv])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2, err
+    assert_one_error_line(err, ["data.path=", f"x.npy holds {x.dtype}", "float32"])
+    assert_nothing_written(log_dir)

@@ -117,11 +117,38 @@ def check_fits(ckpt_path: str, model: Any, max_epochs: int | None = None,
         _same_recipe(ckpt.get("hyper_parameters"), model, which)
         for line in settings_that_differ(ckpt.get("hyper_parameters"), dict(model.hparams)):
             log.warning(f"{which} {line}")
+    _restorable(ckpt, which)
     _within_max_epochs(ckpt_path, ckpt.get("epoch"), max_epochs)
     if model is not None:
         with contextlib.suppress(TypeError, OSError):  # no record: the next check reads again
             key = _file_key(ckpt_path)
             _passed[model] = (key, id(data), ckpt.get("epoch"), "current_model_state" in ckpt)
+
+
+# The training state Lightning's fit restores from a checkpoint, and the type it reads each as.
+TRAINING_STATE = {"epoch": int, "global_step": int, "loops": dict, "optimizer_states": list,
+                  "lr_schedulers": list, "callbacks": dict}  # fmt: skip
+
+
+def _restorable(ckpt: dict[str, Any], which: str) -> None:
+    """Refuse a checkpoint without the training state fit restores, or with a part of another
+    type (a weights-only save, a damaged or crafted file): Lightning failed on it deep inside
+    fit, a traceback with the run folder written."""
+    for key, kind in TRAINING_STATE.items():
+        value = ckpt.get(key)
+        bad = not isinstance(value, kind) or isinstance(value, bool)
+        if not bad and kind is int:
+            bad = value < 0
+        elif not bad and key == "loops":
+            bad = not isinstance(value.get("fit_loop"), dict)
+        elif not bad and kind is list:
+            bad = not all(isinstance(state, dict) for state in value)
+        if bad:
+            got = "missing" if key not in ckpt else f"{type(value).__name__} {str(value)[:40]}"
+            raise UserError(
+                f"{which} not a checkpoint fit can continue from ({key}: {got}); "
+                "resume=never starts over (evaluate, export and predict still read its weights)"
+            )
 
 
 def _within_max_epochs(ckpt_path: str, epoch: Any, max_epochs: int | None) -> None:

@@ -135,7 +135,7 @@ def _restorable(ckpt: dict[str, Any], which: str) -> None:
     type (a weights-only save, a damaged or crafted file): Lightning failed on it deep inside
     fit, a traceback with the run folder written."""
     for key, kind in TRAINING_STATE.items():
-        value = ckpt.get(key)
+        value: Any = ckpt.get(key)
         bad = not isinstance(value, kind) or isinstance(value, bool)
         if not bad and kind is int:
             bad = value < 0

@@ -3,6 +3,7 @@ cleanly. One short MLP run (Linear layers, so int8 quantises something) serves t
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -138,6 +139,60 @@ def test_tolerance_judges_each_criterion() -> None:
               "max_abs_diff": 0.1, "agreement": 0.99, "accuracy": 0.9}}}  # fmt: skip
     (line,) = failures(report)
     assert line.startswith("fp16: agreement >= 0.995 not met")
+
+
+@pytest.mark.parametrize("name", ["max_abs_diff", "max_acc_drop", "min_agreement"])
+def test_a_nan_tolerance_is_refused(name: str) -> None:
+    # NaN passed `< 0`: every format then failed `diff <= nan` and the export exited 1
+    # ("max abs diff <= nan ... not met") after writing every file.
+    with pytest.raises(UserError, match=f"^{name}=nan: expected"):
+        Tolerance(**{name: float("nan")})
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 0.0])
+def test_a_latency_time_that_never_ends_is_refused_before_writing(
+    seconds: float, restored, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # by name: fasttrain.deploy.verify, the attribute, is the function the package re-exports
+    verify_module = importlib.import_module("fasttrain.deploy.verify")
+
+    def timed(run, x, min_run_time: float) -> float:  # the real Timer would spin forever on inf
+        raise AssertionError(f"timed for {min_run_time} s")
+
+    monkeypatch.setattr(verify_module, "median_ms", timed)
+    net, datamodule, task = restored
+    with pytest.raises(UserError, match=r"^latency_time=[\w.]+: expected a finite number"):
+        export_and_verify(net, task, [EXPORTERS["torchscript"]], next(iter(
+            datamodule.test_dataloader()))[0], datamodule.test_dataloader(), tmp_path / "out",
+            torch.device("cpu"), Tolerance(), latency_time=seconds)  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_rows_of_other_weights_at_the_same_path_are_not_merged(
+    ckpt: Path, restored, tmp_path: Path
+) -> None:
+    # last.ckpt holds newer weights once its run is resumed: the report kept the row (and named
+    # as this checkpoint's the file) of a format exported from the older weights.
+    source = tmp_path / "last.ckpt"
+    shutil.copy(ckpt, source)
+    net, datamodule, task = restored
+
+    def export_one(fmt: str) -> dict:
+        return export_and_verify(
+            net, task, [EXPORTERS[fmt]], next(iter(datamodule.test_dataloader()))[0],
+            datamodule.test_dataloader(), tmp_path / "out", torch.device("cpu"), Tolerance(),
+            latency_time=0.01, source=str(source),
+        )  # fmt: skip
+
+    export_one("torchscript")
+    assert list(export_one("fp16")["formats"]) == ["eager", "torchscript", "fp16"]  # same file
+    blob = torch.load(source, weights_only=True)
+    blob["global_step"] += 1  # training went on: other bytes at the same path
+    torch.save(blob, source)
+    report = export_one("int8")
+    assert list(report["formats"]) == ["eager", "int8"]
+    saved = json.loads((tmp_path / "out" / "export_report.json").read_text())
+    assert saved["checkpoint_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:

@@ -90,6 +90,12 @@ def test_cli_wrong_shape_npy_is_one_line_and_writes_nothing(mlp_ckpt: Path, tmp_
     assert not list((tmp_path / "logs").rglob("predictions.csv"))
 
 
+def _npz(path: Path) -> None:
+    """An .npz archive under the name given (np.savez would add .npz)."""
+    with path.open("wb") as f:
+        np.savez(f, x=np.zeros((2, 1, 8, 8)))
+
+
 @pytest.mark.parametrize(
     ("write", "message"),
     [
@@ -100,8 +106,24 @@ def test_cli_wrong_shape_npy_is_one_line_and_writes_nothing(mlp_ckpt: Path, tmp_
         (lambda p: np.save(p, np.full((2, 1, 8, 8), "x")), r"dtype <U1 is not numeric"),
         (lambda p: np.save(p, _with(2, np.nan)), r"row 2 holds NaN or inf"),
         (lambda p: np.save(p, _with(1, -np.inf)), r"row 1 holds NaN or inf"),
+        # finite in the file, inf as float32: named as such, not as NaN or inf
+        (lambda p: np.save(p, _with(3, 1e39)), r"row 3 holds a value beyond float32's range"),
+        # numpy's own message for these advises allow_pickle=True, i.e. running the file's code
+        (_npz, r"not a readable \.npy array \(an \.npz archive"),
+        (lambda p: p.write_text("1,2,3\n"), r"not a readable \.npy array \(not an \.npy file"),
     ],
-    ids=["missing", "not-npy", "pickled-objects", "empty", "strings", "nan", "inf"],
+    ids=[
+        "missing",
+        "not-npy",
+        "pickled-objects",
+        "empty",
+        "strings",
+        "nan",
+        "inf",
+        "beyond-float32",
+        "npz",
+        "csv",
+    ],
 )
 def test_bad_npy_files_are_named(write, message: str, tmp_path: Path) -> None:
     path = tmp_path / "x.npy"
@@ -109,6 +131,17 @@ def test_bad_npy_files_are_named(write, message: str, tmp_path: Path) -> None:
         write(path)
     with pytest.raises(UserError, match=f"^input={re.escape(str(path))}: {message}"):
         load_inputs(path, (1, 8, 8))
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f8", ">i2", "<f2", "?", "u1"])
+def test_any_numeric_npy_is_read_as_float32(dtype: str, tmp_path: Path) -> None:
+    # A big-endian file (written on another machine, or by MATLAB/Java tools) made
+    # torch.as_tensor raise ValueError: a traceback, exit 1 and a run folder left behind.
+    x = (np.arange(2 * 64).reshape(2, 1, 8, 8) % 2).astype(dtype)
+    np.save(tmp_path / "x.npy", x)
+    loaded = load_inputs(tmp_path / "x.npy", (1, 8, 8))
+    assert loaded.dtype == torch.float32
+    assert torch.equal(loaded, torch.tensor(x.astype(np.float32)))
 
 
 def _with(row: int, value: float) -> np.ndarray:

@@ -39,27 +39,52 @@ def load_inputs(path: str | Path, input_shape: Sequence[int], key: str = "input"
     file = Path(path)
     if not file.is_file():
         raise UserError(f"{key}={path}: no such file")
-    try:
-        # allow_pickle=False: an object array would run code from the file on load.
-        array = np.load(file, allow_pickle=False)
-    except Exception as err:
-        raise UserError(f"{key}={path}: not a readable .npy array ({err})") from None
+    array = _read_npy(file, f"{key}={path}")
     expected = [*input_shape]
-    if not isinstance(array, np.ndarray) or list(array.shape[1:]) != expected:
-        shape = list(getattr(array, "shape", []))
-        raise UserError(f"{key}={path}: shape {shape} does not fit the net: expected [N, "
-                        f"{', '.join(map(str, expected))}]")  # fmt: skip
+    if list(array.shape[1:]) != expected:
+        raise UserError(f"{key}={path}: shape {list(array.shape)} does not fit the net: expected "
+                        f"[N, {', '.join(map(str, expected))}]")  # fmt: skip
     if len(array) == 0:
         raise UserError(f"{key}={path}: holds no samples")
     if array.dtype.kind not in "biuf":
         raise UserError(f"{key}={path}: dtype {array.dtype} is not numeric")
-    x = torch.as_tensor(array, dtype=torch.float32)
-    # A NaN or inf input gives NaN outputs (a classifier then names class 0): refuse the file.
-    bad = (~torch.isfinite(x.reshape(len(x), -1)).all(dim=1)).nonzero().flatten()
+    return _finite_float32(array, f"{key}={path}")
+
+
+NPY_MAGIC, ZIP_MAGIC = b"\x93NUMPY", b"PK\x03\x04"  # np.save's header; np.savez's (a zip)
+
+
+def _read_npy(file: Path, what: str) -> np.ndarray:
+    """The one array an .npy file holds. numpy reads an .npz (a zip) as an archive, and calls
+    any other file pickled data, suggesting allow_pickle: both are named here instead."""
+    with file.open("rb") as f:
+        magic = f.read(len(NPY_MAGIC))
+    if magic != NPY_MAGIC:
+        kind = "an .npz archive" if magic.startswith(ZIP_MAGIC) else "not an .npy file"
+        raise UserError(f"{what}: not a readable .npy array ({kind}; write one array with "
+                        "np.save(path, x))")  # fmt: skip
+    try:
+        # allow_pickle=False: an object array would run code from the file on load.
+        return np.load(file, allow_pickle=False)
+    except Exception as err:
+        raise UserError(f"{what}: not a readable .npy array ({err})") from None
+
+
+def _finite_float32(array: np.ndarray, what: str) -> torch.Tensor:
+    """float32 in native byte order (torch reads no big-endian array); a NaN or inf input gives
+    NaN outputs (a classifier then names class 0), so a row holding one is refused, as is a
+    finite value beyond float32's range, which would become inf."""
+    with np.errstate(over="ignore"):
+        x = array.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
     if len(bad):
-        raise UserError(f"{key}={path}: row {int(bad[0])} holds NaN or inf ({len(bad)} rows "
-                        "do); predictions need finite inputs")  # fmt: skip
-    return x
+        row = int(bad[0])
+        why = "holds NaN or inf"
+        if np.isfinite(array[row]).all():  # finite in the file, inf once float32
+            why = f"holds a value beyond float32's range (±{np.finfo(np.float32).max:.1e})"
+        raise UserError(f"{what}: row {row} {why} ({len(bad)} rows in all); "
+                        "predictions need finite float32 inputs")  # fmt: skip
+    return torch.from_numpy(x)
 
 
 def predict(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import json
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,12 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from fasttrain.config.errors import UserError
+from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import EXPORTERS, Exporter, torch_runner
 from fasttrain.deploy.verify import OutputChecks, Tolerance, print_report, verify, write_report
 
 REPORT_NAME = "export_report.json"
+DIGEST_KEY = "checkpoint_sha256"  # which weights the report's rows describe
 
 
 def missing_modules(exporters: Iterable[Exporter]) -> list[str]:
@@ -63,15 +66,31 @@ def run_dir_of(ckpt_path: str | Path) -> Path:
     return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
 
 
-def merged(out_dir: Path, source: str | None, rows: dict[str, Any]) -> dict[str, Any]:
-    """`rows` after the rows of formats an earlier export of the same checkpoint left in
-    `out_dir` (their files still there), so `format=onnx` then `format=int8` report both."""
+def checkpoint_digest(source: str | None) -> str | None:
+    """The sha256 of the checkpoint file, or None when `source` names no file. A path alone does
+    not say which weights: last.ckpt holds newer ones after the run is resumed."""
+    if source is None or not Path(source).is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(source, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def merged(out_dir: Path, source: str | None, rows: dict[str, Any],
+           digest: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """`rows` after the rows of formats an earlier export of the same checkpoint (the same path
+    and, when given, the same `digest`) left in `out_dir` (their files still there), so
+    `format=onnx` then `format=int8` report both."""
     try:
         earlier = json.loads((out_dir / REPORT_NAME).read_text())
     except (OSError, ValueError):
         return rows
     if not isinstance(earlier, dict) or earlier.get("checkpoint") != source:
         return rows  # another checkpoint's files: its rows describe other weights
+    if digest is not None and earlier.get(DIGEST_KEY) != digest:
+        return rows  # the same path, other weights (or a report that did not record them)
     kept = {
         name: row
         for name, row in earlier.get("formats", {}).items()
@@ -107,6 +126,11 @@ def export_and_verify(
     Returns the report (also in export_report.json, merged with the rows of formats exported
     earlier from the same checkpoint into `out_dir`).
     """
+    # Before any file is written: torch's Timer times each figure for at least this long, so
+    # inf (which `> 0` lets through) would never return.
+    if not 0 < latency_time < math.inf:
+        raise ConfigError("latency_time", latency_time, "expected a finite number of seconds > 0")
+    digest = checkpoint_digest(source)  # now, the nearest to when the weights were read
     net = copy.deepcopy(net).cpu().eval()
     rows: dict[str, dict[str, Any]] = {"eager": {"file": None, "size_bytes": param_bytes(net)}}
     candidates = {"eager": (torch_runner(copy.deepcopy(net), device), device)}
@@ -130,9 +154,9 @@ def export_and_verify(
             passed, target = tolerance.judge(criterion, rows[name], fp32_score, score)
             rows[name].update(passed=passed, target=target)
     report = {
-        "checkpoint": source, "output_dir": str(out_dir), "device": str(device),
-        "test_samples": results["eager"]["samples"], "score": score, "input": metadata or {},
-        "formats": merged(out_dir, source, rows),
+        "checkpoint": source, DIGEST_KEY: digest, "output_dir": str(out_dir),
+        "device": str(device), "test_samples": results["eager"]["samples"], "score": score,
+        "input": metadata or {}, "formats": merged(out_dir, source, rows, digest),
     }  # fmt: skip
     write_report(out_dir / REPORT_NAME, report)
     print_report(report)

@@ -52,7 +52,9 @@ class Tolerance:
 
     def __post_init__(self) -> None:
         for name in ("max_abs_diff", "max_acc_drop"):
-            if getattr(self, name) < 0:
+            # `not >= 0`, not `< 0`: NaN compares False both ways, and every format would then
+            # fail its check (exit 1 after the whole export) instead of the value being refused.
+            if not getattr(self, name) >= 0:
                 raise ConfigError(name, getattr(self, name), "expected a number >= 0")
         if not 0.0 <= self.min_agreement <= 1.0:
             raise ConfigError("min_agreement", self.min_agreement, "expected a share in [0, 1]")

@@ -185,3 +185,64 @@ def test_fold_sweep_writes_cv_summary_matching_the_runs(tmp_path: Path) -> None:
         assert group["metrics"][name]["mean"] == pytest.approx(statistics.fmean(values))
         assert group["metrics"][name]["std"] == pytest.approx(statistics.stdev(values))
     assert "cross-validation: 3 folds" in proc.stdout and "cv_summary.json" in proc.stdout
+
+
+def test_a_null_fold_swept_beside_the_folds_is_left_out(tmp_path: Path) -> None:
+    # -m data.fold=null,0,1: the usual split compared with the folds; it is no fold to average
+    write_job(tmp_path, 0, "null", {"test/acc": 0.1})  # type: ignore[arg-type]
+    for num, fold in ((1, 0), (2, 1)):
+        write_job(tmp_path, num, fold, {"test/acc": 0.5 + fold / 10})
+    (group,) = summarize(tmp_path)["groups"]
+    assert group["folds"] == [0, 1] and group["metrics"]["test/acc"]["per_fold"] == [0.5, 0.6]
+
+
+def sweep_job_config(sweep: Path, fold: int, mode: str = "MULTIRUN"):
+    from omegaconf import OmegaConf
+
+    hydra = {"mode": mode, "sweep": {"dir": str(sweep)}, "job": {"num": fold},
+             "overrides": {"task": [f"data.fold={fold}"]}}  # fmt: skip
+    return OmegaConf.create({"hydra": hydra})
+
+
+def test_each_finished_job_of_a_fold_sweep_rewrites_the_summary(tmp_path: Path) -> None:
+    """Hydra calls on_multirun_end only when every job succeeded: after each job instead, so a
+    crashed fold leaves the summary of the others."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    from fasttrain.tools.crossval import CrossValidationSummary
+
+    write_job(tmp_path, 0, 0, {"test/acc": 0.7})
+    write_job(tmp_path, 1, 1, None)  # crashed: no metrics.json
+    failed = JobReturn(status=JobStatus.FAILED)
+    CrossValidationSummary().on_job_end(sweep_job_config(tmp_path, 1, RunMode.MULTIRUN), failed)
+    (group,) = json.loads((tmp_path / "cv_summary.json").read_text())["groups"]
+    assert group["folds"] == [0] and group["missing"] == ["1_data.fold=1"]
+    assert group["metrics"]["test/acc"]["per_fold"] == [0.7]
+
+
+def test_a_single_fold_run_writes_no_summary(tmp_path: Path) -> None:
+    from hydra.types import RunMode
+
+    from fasttrain.tools.crossval import CrossValidationSummary
+
+    write_job(tmp_path, 0, 0, {"test/acc": 0.7})
+    CrossValidationSummary().on_job_end(sweep_job_config(tmp_path, 0, RunMode.RUN), None)
+    assert not (tmp_path / "cv_summary.json").exists()
+
+
+@pytest.mark.slow  # three short runs in one sweep, the first crashing (~16 s on 2 cores)
+def test_a_fold_that_crashes_leaves_the_summary_of_the_others(tmp_path: Path) -> None:
+    # one step per epoch (the batch holds the training part): a failure at step `fold` hits fold 0
+    kill = ["+callbacks.killer._target_=killer.Killer", "+callbacks.killer.at_step=${data.fold}",
+            "+callbacks.killer.mode=raise_in_step"]  # fmt: skip
+    args = ["train.py", "-m", "data=wine", "model=mlp", "data.num_folds=3", "data.fold=range(3)",
+            "data.batch_size=512", "trainer.max_epochs=1", "data.num_workers=0", "logger=none",
+            *kill]  # fmt: skip
+    proc = run_cli(args, tmp_path / "logs", PYTHONPATH=str(Path(__file__).parent))
+    assert proc.returncode != 0  # the crash is still the sweep's outcome
+    (file,) = (tmp_path / "logs" / "train" / "multirun").glob("*/cv_summary.json")
+    (group,) = json.loads(file.read_text())["groups"]
+    assert group["folds"] == [1, 2] and group["missing"][0].startswith("0_")
+    assert group["folds_not_run"] == [0]
+    assert f"{file} holds the folds that finished" in proc.stderr

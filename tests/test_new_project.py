@@ -350,3 +350,49 @@ def test_copier_copy_gives_the_same_project(tmp_path: Path) -> None:
     )  # fmt: skip
     assert bad.returncode != 0 and "not a valid Python identifier" in bad.stdout + bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow  # a render, an update that conflicts and one after it (~20 s)
+def test_an_update_dropped_with_reset_hard_leaves_nothing_in_the_next_ones_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conflict message says `git reset --hard` drops the update: the update's new files too
+    (left untracked, the next update refused them as files it would overwrite)."""
+    import test_new_project_safety as small  # its small template and throwaway git identity
+
+    for key in ("GIT_AUTHOR", "GIT_COMMITTER"):
+        monkeypatch.setenv(f"{key}_NAME", "test")
+        monkeypatch.setenv(f"{key}_EMAIL", "test@localhost")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    template = small.make_template(tmp_path)
+    project = tmp_path / NEW
+    assert small.make_project(template, project).returncode == 0
+    fit = project / small.FIT_PATH
+    fit.write_text(fit.read_text().replace("step_1: 1", "step_1: 11  # ours"))
+    git(project, "commit", "-q", "-am", "ours")
+    theirs = small.FIT.replace("step_1: 1", "step_1: 12  # theirs")
+    small.commit_file(template, small.scaffold_path(small.FIT_PATH), theirs)
+    small.commit_file(template, small.scaffold_path("conf/new.yaml"), "new: true\n")
+
+    proc = small.update(project, template)
+    assert proc.returncode == 1 and "git reset --hard to drop the update" in proc.stderr
+    git(project, "reset", "-q", "--hard")
+    assert not (project / "conf" / "new.yaml").exists()
+    assert git(project, "status", "--porcelain") == ""
+    proc = small.update(project, template)  # the same conflict again, not a refusal
+    assert proc.returncode == 1 and "conflicts with the project's changes" in proc.stderr
+
+
+def test_the_printed_cd_command_works_for_a_folder_with_spaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fasttrain.tools import new_project
+
+    dest = tmp_path / "my projects" / NEW
+    dest.mkdir(parents=True)
+    monkeypatch.setattr(new_project, "create", lambda *args, **kwargs: dest)
+    assert new_project.main(["create", str(dest), "--package", NEW]) == 0
+    command = capsys.readouterr().out.split(": ", 1)[1]
+    done = subprocess.run(["bash", "-c", command.replace("make test", "pwd")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == str(dest), done.stderr

@@ -82,6 +82,27 @@ def resolve_num_workers(num_workers: int | Auto) -> int:
     return num_workers
 
 
+def max_workers() -> int:
+    """The most loader workers a data set takes: each is a process, so a slip of the keyboard
+    (num_workers=100000) forked until the machine gave out instead of failing in one line. Well
+    above any useful count: more than a few per CPU only wait on each other."""
+    return max(64, 4 * cpu_count())
+
+
+def check_num_workers(num_workers: Any, auto: bool = True) -> None:
+    """num_workers: an int in 0..max_workers() (or "auto" where `auto`)."""
+    if auto and num_workers == "auto":
+        return
+    most = max_workers()
+    if (
+        isinstance(num_workers, bool)
+        or not isinstance(num_workers, int)
+        or not (0 <= num_workers <= most)
+    ):
+        valid = f"expected an int >= 0 and <= {most} (4 per CPU, at least 64)"
+        raise ConfigError("num_workers", num_workers, valid + (" or 'auto'" if auto else ""))
+
+
 def resolve_pin_memory(pin_memory: bool | Auto) -> bool:
     """Pin host memory under "auto" when a CUDA device will receive the batches (async copies)."""
     if pin_memory == "auto":
@@ -191,8 +212,7 @@ class TensorDataModule(L.LightningDataModule):
             )  # fmt: skip
         if batch_size < 1:
             raise ConfigError("batch_size", batch_size, "expected an int >= 1")
-        if num_workers != "auto" and num_workers < 0:
-            raise ConfigError("num_workers", num_workers, "expected an int >= 0 or 'auto'")
+        check_num_workers(num_workers)
         if prefetch_factor is not None and prefetch_factor < 1:
             raise ConfigError("prefetch_factor", prefetch_factor, "expected an int >= 1 or null")
         check_fractions(val_fraction, test_fraction)

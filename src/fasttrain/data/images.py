@@ -27,7 +27,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.data.base import resolve_num_workers, resolve_pin_memory, worker_init
+from fasttrain.data.base import (
+    check_num_workers,
+    resolve_num_workers,
+    resolve_pin_memory,
+    worker_init,
+)
 from fasttrain.data.prefetch import PREFETCHING
 from fasttrain.data.resumable import ResumableLoader, first_epoch, position_seed
 
@@ -296,8 +301,7 @@ def check_loader_args(
 ) -> None:
     if batch_size < 1:
         raise ConfigError("batch_size", batch_size, "expected an int >= 1")
-    if num_workers != "auto" and num_workers < 0:
-        raise ConfigError("num_workers", num_workers, "expected an int >= 0 or 'auto'")
+    check_num_workers(num_workers)
     if prefetch_factor is not None and prefetch_factor < 1:
         raise ConfigError("prefetch_factor", prefetch_factor, "expected an int >= 1 or null")
 

@@ -53,8 +53,10 @@ class NpyDataModule(TensorDataModule):
         self.path, self.num_classes = Path(path), num_classes
         self.input_shape = check_shape(input_shape)
         x, y = self._open("x"), self._open("y")
-        if x.dtype.kind != "f" and x.dtype != np.uint8:
-            raise ConfigError("path", path, f"x.npy holds {x.dtype}; expected float or uint8")
+        # float128 (long double) too: torch has no such type, and failed to convert it at setup
+        if x.dtype not in (np.float16, np.float32, np.float64, np.uint8):
+            raise ConfigError("path", path, f"x.npy holds {x.dtype}; expected float or uint8 "
+                              "(float16, float32 or float64)")  # fmt: skip
         if tuple(x.shape[1:]) != self.input_shape:
             raise ConfigError(
                 "input_shape",

@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.data.base import check_fractions, resolve_pin_memory
+from fasttrain.data.base import check_fractions, check_num_workers, resolve_pin_memory
 from fasttrain.data.batches import as_batch
 from fasttrain.data.corpus import (
     SPLITS,
@@ -375,8 +375,7 @@ def _check_args(tokenizer: str, vocab_size: int, block_size: int, batch_size: in
                           "an int > 256 (e.g. 4096)")  # fmt: skip
     if token_dtype not in ("auto", "uint16", "uint32"):
         raise ConfigError("token_dtype", token_dtype, "expected auto, uint16 or uint32")
-    if not isinstance(num_workers, int) or num_workers < 0:
-        raise ConfigError("num_workers", num_workers, "expected an int >= 0")
+    check_num_workers(num_workers, auto=False)
     if on_device and num_workers:
         raise ConfigError(
             "on_device", on_device, "windows are gathered on the device: set data.num_workers=0"

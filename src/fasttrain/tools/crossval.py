@@ -12,7 +12,9 @@ summarised per group of equal other overrides.
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +27,38 @@ FOLD = "data.fold="
 class CrossValidationSummary(Callback):
     """After a sweep over `data.fold`: cv_summary.json in the sweep folder and a table."""
 
+    def on_job_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
+        """cv_summary.json rewritten after every job of a fold sweep: Hydra skips
+        on_multirun_end when a job failed (its sweeper re-raises the error after the last job),
+        so a crashed or killed fold still leaves the summary of the folds that finished."""
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        if config.hydra.mode != RunMode.MULTIRUN or not _is_fold_sweep(config):
+            return  # a single run (or a rank's): no sweep folder to summarise
+        file = write(Path(str(config.hydra.sweep.dir)))
+        if getattr(job_return, "status", None) == JobStatus.FAILED:
+            print(f"cv_summary: job {config.hydra.job.num} failed; {file} holds the folds "
+                  "that finished", file=sys.stderr)  # fmt: skip
+
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        overrides = [str(o) for o in config.hydra.overrides.task]
-        if not any(o.lstrip("+").startswith(FOLD) for o in overrides):
+        if not _is_fold_sweep(config):
             return  # not a cross-validation sweep
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        summary = summarize(sweep_dir)
-        (sweep_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
-        show(summary, sweep_dir / SUMMARY)
+        file = write(Path(str(config.hydra.sweep.dir)))
+        show(json.loads(file.read_text()), file)
+
+
+def _is_fold_sweep(config: Any) -> bool:
+    return any(str(o).lstrip("+").startswith(FOLD) for o in config.hydra.overrides.task)
+
+
+def write(sweep_dir: Path) -> Path:
+    """cv_summary.json in `sweep_dir`, replaced whole (a reader never sees half of it)."""
+    file = sweep_dir / SUMMARY
+    part = file.with_name(f".{SUMMARY}.{os.getpid()}")
+    part.write_text(json.dumps(summarize(sweep_dir), indent=2))
+    os.replace(part, file)
+    return file
 
 
 def summarize(sweep_dir: Path) -> dict[str, Any]:
@@ -44,10 +70,11 @@ def summarize(sweep_dir: Path) -> dict[str, Any]:
     for file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
         job = [str(o) for o in _yaml_list(file)]
         fold = next((o for o in job if o.lstrip("+").startswith(FOLD)), None)
-        if fold is None:
-            continue
+        value = fold.split("=", 1)[1] if fold else ""
+        if fold is None or not value.isdigit():
+            continue  # not a fold: `data.fold=null` (the usual split) swept beside the folds
         rest = tuple(o for o in job if o != fold)
-        groups.setdefault(rest, []).append((int(fold.split("=", 1)[1]), file.parent.parent))
+        groups.setdefault(rest, []).append((int(value), file.parent.parent))
     return {
         "sweep_dir": str(sweep_dir),
         "groups": [_group(list(k), sorted(v)) for k, v in groups.items()],

@@ -23,6 +23,7 @@ import importlib.util
 import keyword
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -270,9 +271,14 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
             "--vcs-ref", commit], cwd=root)  # fmt: skip
     conflicts = _conflicted(root)
     if conflicts:
+        # Staged, the update's new files go with `git reset --hard`; untracked, they would stay
+        # and block the next update as files it would overwrite.
+        added = _untracked(root)
+        if added:
+            git(root, "add", "--", *added)
         raise MergeConflict(f"the template's {commit[:12]} conflicts with the project's changes "
-                            f"in {_listing(conflicts)}: resolve them and git commit "
-                            "(or git reset --hard to drop the update)")  # fmt: skip
+                            f"in {_listing(conflicts)}: resolve them, git add them and git "
+                            "commit (or git reset --hard to drop the update)")  # fmt: skip
     version = pinned_version(root)
     git(root, "add", "-A")  # nothing was untracked: all of it is the update's
     git(root, *_ident(root), "commit", "-q", "-m",
@@ -356,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "create":
             dest = create(args.dest, args.package, args.project, args.author, args.python,
                           init_git=not args.no_git)  # fmt: skip
-            print(f"created {dest}: cd {dest} && make test")
+            print(f"created {dest}: cd {shlex.quote(str(dest))} && make test")  # pasteable
         elif args.command == "wheel":
             print(f"built {build_wheel(args.src, args.dest)}")
         else:

@@ -210,20 +210,27 @@ def assert_nothing_written(log_dir: Path) -> None:
     assert not [p for p in left if p not in ("train",)], f"left behind: {left}"
 
 
-@pytest.mark.parametrize(("overrides", "expected"), CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_bad_input_is_one_line_exit_2_nothing_written(
-    overrides: list[str], expected: list[str], tmp_path: Path, monkeypatch, capsys
-) -> None:
+def refused(argv: list[str], monkeypatch, capsys) -> list[str]:
+    """What `python train.py *argv` printed on stderr, refused with exit code 2."""
     from fasttrain.train import main
 
-    log_dir = tmp_path / "logs"
-    argv = ["data.num_workers=0", *expand(overrides, tmp_path), f"paths.log_dir={log_dir}"]
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     with pytest.raises(SystemExit) as exit_:
         main()
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2, err
+    return err
+
+
+@pytest.mark.parametrize(("overrides", "expected"), CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_written(
+    overrides: list[str], expected: list[str], tmp_path: Path, monkeypatch, capsys
+) -> None:
+
+    log_dir = tmp_path / "logs"
+    argv = ["data.num_workers=0", *expand(overrides, tmp_path), f"paths.log_dir={log_dir}"]
+    err = refused(argv, monkeypatch, capsys)
     assert_one_error_line(err, expected)
     assert not [line for line in err if "on_exception.ckpt" in line], err  # a taken-back file
     assert_nothing_written(log_dir)
@@ -308,7 +315,6 @@ def test_a_worker_count_past_any_machine_is_refused_before_it_forks(
     """data.num_workers=100000 forked worker after worker until the machine gave out (the run
     folder left behind), for an in-memory data set as for a decoded one."""
     from fasttrain.data.base import check_num_workers, max_workers
-    from fasttrain.train import main
 
     check_num_workers(max_workers())  # the most it takes is taken
     text = tmp_path / "corpus.txt"
@@ -317,12 +323,7 @@ def test_a_worker_count_past_any_machine_is_refused_before_it_forks(
     too_many = max_workers() + 1
     chosen = [o.replace("{text}", str(text)).replace("{cache}", str(tmp_path)) for o in data]
     argv = [*chosen, f"data.num_workers={too_many}", f"paths.log_dir={log_dir}"]
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2, err
+    err = refused(argv, monkeypatch, capsys)
     assert_one_error_line(err, [f"data.num_workers={too_many}", f"<= {max_workers()}"])
     assert_nothing_written(log_dir)
 
@@ -330,16 +331,10 @@ def test_a_worker_count_past_any_machine_is_refused_before_it_forks(
 @pytest.mark.skipif(np.dtype(np.longdouble).itemsize <= 8, reason="long double is float64 here")
 def test_a_long_double_x_npy_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
     """float128 passed the dtype check (a float) and torch failed to convert it, a traceback."""
-    from fasttrain.train import main
 
     x = np.zeros((40, 1, 8, 8), np.longdouble)
     log_dir = tmp_path / "logs"
     argv = [NPY, write_npy(tmp_path / "npy", x, np.arange(40) % 10), f"paths.log_dir={log_dir}"]
-    monkeypatch.setattr(sys, "argv", ["train.py", "data.num_workers=0", "model=mlp", *argv])
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2, err
+    err = refused(["data.num_workers=0", "model=mlp", *argv], monkeypatch, capsys)
     assert_one_error_line(err, ["data.path=", f"x.npy holds {x.dtype}", "float32"])
     assert_nothing_written(log_dir)

@@ -33,7 +33,8 @@ MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 def versions() -> dict[str, str | None]:
     """Python and the framework versions; CUDA build, cuDNN and NCCL as torch was built."""
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("torch", "lightning", "hydra-core", "torchmetrics"):
+    # fasttrain's metadata version: a project's wheel carries its template commit (0.3.0+g<sha>)
+    for pkg in ("fasttrain", "torch", "lightning", "hydra-core", "torchmetrics"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

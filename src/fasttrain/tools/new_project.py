@@ -2,7 +2,7 @@
 place that knows how.
 
     make new-project NAME=acme_vision DEST=../acme_vision        (in this repository)
-    make update-template [FROM=path-or-git-url] [REF=tag]         (in the new project)
+    make update-template [FROM=path-or-git-url] [REF=branch-or-commit]   (in the new project)
 
 A new project is thin: the scaffold under src/fasttrain/tools/scaffold/ (conf/, Makefile, train.py,
 tests/, notebooks/, one example each of a net, a data set and a task under src/<package>/),
@@ -39,6 +39,16 @@ RECORD = ".copier-answers.yml"  # in a new project: the scaffold's source and co
 WHEELS = "wheels"  # in a new project: the pinned fasttrain, installed offline
 
 
+# Names a package cannot have whatever its folder: the scaffold's .gitignore ignores the folder
+# anywhere (src/logs/ would never be committed), and pytest imports any conftest.py as a plugin.
+# copier.yml's validator lists the same names.
+IGNORED = "is a folder the project's .gitignore ignores (its files would never be committed)"
+RESERVED = {
+    **dict.fromkeys(["build", "dist", "logs", "outputs", "multirun", "lightning_logs"], IGNORED),
+    "conftest": "is pytest's conftest module (pytest would load the package as a plugin)",
+}
+
+
 class NewProjectError(Exception):
     """Bad input: reported as one line, before anything is written."""
 
@@ -54,6 +64,9 @@ def check_package(name: str) -> None:
             f"package name {name!r} must start with a letter and end with a letter or digit: "
             "its distribution name (with hyphens) must be a valid project name, e.g. acme_vision"
         )
+    reserved = RESERVED.get(name)
+    if reserved:
+        raise NewProjectError(f"package name {name!r} {reserved}; choose another, e.g. acme_vision")
     top = [p.name.removesuffix(".jinja") for p in SCAFFOLD.iterdir()] + [WHEELS]
     own = sorted(n for n in top if Path(n).stem == name and not n.startswith("."))
     if own:
@@ -167,8 +180,15 @@ def template_url(src: Path) -> str:
 def copier(args: list[str], cwd: Path | None = None) -> None:
     proc = subprocess.run([*copier_command(), *args], cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
-        said = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
-        raise NewProjectError(f"copier {args[0]} failed: {said[-1] if said else proc.returncode}")
+        raise NewProjectError(f"copier {args[0]} failed: {_reason(proc)}")
+
+
+def _reason(proc: subprocess.CompletedProcess) -> str:
+    """The line that says why: a task's own `error: ...`, else copier's last on stderr (a task's
+    stdout, e.g. `built ...` of a render that worked, says nothing about the failure)."""
+    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+    ours = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    return (ours or lines or [str(proc.returncode)])[-1]
 
 
 def answers_args(answers: dict[str, str]) -> list[str]:
@@ -200,16 +220,37 @@ def create(dest: Path, package: str, project: str = "", author: str = "", python
 
 def build_wheel(src: Path, dest: Path) -> Path:
     """The library of the checkout `src` as a wheel in `dest` (copier.yml's task), in place of
-    any older fasttrain wheel there: the one version the project pins."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob(f"{TEMPLATE}-*.whl"):
-        old.unlink()
-    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dest), str(src)]
-    proc = subprocess.run(pip, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise NewProjectError(f"building the {TEMPLATE} wheel failed: {proc.stderr.strip()[-500:]}")
-    (wheel,) = dest.glob(f"{TEMPLATE}-*.whl")
-    return wheel
+    any older fasttrain wheel there: the one version the project pins. From a git checkout the
+    version carries its commit as a local label (0.3.0+g<sha>), which the pin ==0.3.0 matches:
+    two commits at one version are two wheels, and the installed metadata names the commit."""
+    with tempfile.TemporaryDirectory() as tmp:  # a failed build leaves dest as it was
+        tree = labelled_tree(src, Path(tmp) / "src")
+        pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", tmp, str(tree)]
+        proc = subprocess.run(pip, capture_output=True, text=True)
+        built = list(Path(tmp).glob(f"{TEMPLATE}-*.whl"))
+        if proc.returncode != 0 or len(built) != 1:
+            said = [line for line in proc.stderr.splitlines() if line.strip()]
+            raise NewProjectError(f"building the {TEMPLATE} wheel from {src} failed: "
+                                  f"{said[-1].strip() if said else proc.returncode}")  # fmt: skip
+        dest.mkdir(parents=True, exist_ok=True)
+        for old in dest.glob(f"{TEMPLATE}-*.whl"):
+            old.unlink()
+        return Path(shutil.move(str(built[0]), dest / built[0].name))
+
+
+def labelled_tree(src: Path, dest: Path) -> Path:
+    """A copy of `src` whose pyproject version carries src's commit; `src` itself where it is no
+    git checkout (nothing to label) or its version is not a plain static one."""
+    commit = template_commit(src)
+    pyproject = src / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8") if pyproject.is_file() else ""
+    labelled, n = re.subn(r'^(version = "[^"+]+)"', rf'\1+g{commit[:12]}"', text, count=1,
+                          flags=re.M)  # fmt: skip
+    if not commit or n != 1:
+        return src
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+    (dest / "pyproject.toml").write_text(labelled, encoding="utf-8")
+    return dest
 
 
 def git_init(root: Path, message: str) -> None:

@@ -286,8 +286,9 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
                               "make update-template FROM=path-or-git-url")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         checkout = Path(tmp) / "template"
-        git(root, "clone", "-q", *(["--branch", ref] if ref else []), source.removeprefix("git+"),
-            str(checkout))  # fmt: skip
+        git(root, "clone", "-q", source.removeprefix("git+"), str(checkout))
+        if ref:
+            check_out(checkout, source, ref)
         scaffold = SCAFFOLD.relative_to(ROOT)
         if not (checkout / "copier.yml").is_file() or not (checkout / scaffold).is_dir():
             raise NewProjectError(f"{source} is not the {TEMPLATE} template (no copier.yml and "
@@ -300,14 +301,43 @@ def update(root: Path, source: str = "", ref: str = "") -> str:
         raise NewProjectError(f"the template's {commit[:12]} would overwrite {len(in_the_way)} "
                               f"file(s) the project does not track: {_listing(in_the_way)}; "
                               "move them away (or commit them), then again")  # fmt: skip
-    url = source if "://" in source or "@" in source else template_url(Path(source))
-    if url != record.get("_src_path"):  # copier update takes the source its record names
-        _set_source(root, url)
     untracked = _untracked(root)  # copier refuses to update beside them, and so says less
     if untracked:
         raise NewProjectError(f"the project has {len(untracked)} untracked file(s): "
                               f"{_listing(untracked)}; add them to git or .gitignore (or move "
                               "them away), then again")  # fmt: skip
+    url = source if "://" in source or "@" in source else template_url(Path(source))
+    head = git(root, "rev-parse", "HEAD").strip()
+    try:
+        return _land(root, record, url, commit)
+    except MergeConflict:
+        raise  # left to resolve, as its message says
+    except BaseException:
+        _restore(root, head)  # a failed update (or ^C) leaves the project as it was
+        raise
+
+
+def check_out(checkout: Path, source: str, ref: str) -> None:
+    """The clone at `ref`: a branch (or tag) of the source, or a commit sha."""
+    proc = subprocess.run(["git", "checkout", "-q", ref, "--"], cwd=checkout,
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        raise NewProjectError(f"REF {ref!r} is not a branch, tag or commit of {source}; give one "
+                              "it has, e.g. REF=main or a commit sha")  # fmt: skip
+
+
+def _restore(root: Path, head: str) -> None:
+    """The project back at `head`, its working files as committed there. Before the update it
+    had no uncommitted changes and no untracked files (ignored ones aside, which git clean
+    without -x keeps): whatever else is there now, the update wrote."""
+    subprocess.run(["git", "reset", "-q", "--hard", head], cwd=root, capture_output=True)
+    subprocess.run(["git", "clean", "-q", "-f", "-d"], cwd=root, capture_output=True)
+
+
+def _land(root: Path, record: dict[str, str], url: str, commit: str) -> str:
+    """copier update to `commit` and its commit; the project's one way of changing."""
+    if url != record.get("_src_path"):  # copier update takes the source its record names
+        _set_source(root, url)
     copier(["update", "--trust", "--defaults", "--quiet", "--conflict", "inline",
             "--vcs-ref", commit], cwd=root)  # fmt: skip
     conflicts = _conflicted(root)

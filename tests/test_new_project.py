@@ -80,8 +80,11 @@ def check_made(project: Path, package: str) -> None:
     project_name = package.replace("_", "-")
     assert f'name = "{project_name}"' in pyproject
     assert f'"{TEMPLATE}=={version}"' in pyproject
+    # the version labelled with the commit it was built from
+    recorded = read_record(project)["_commit"]
+    commit = git(REPO, "rev-parse", f"{recorded}^{{commit}}").strip()
     assert [p.name for p in (project / "wheels").iterdir()] == [
-        f"{TEMPLATE}-{version}-py3-none-any.whl"
+        f"{TEMPLATE}-{version}+g{commit[:12]}-py3-none-any.whl"
     ]
     assert (project / "README.md").read_text().startswith(f"# {project_name}\n")
     # every config of the library's comes along unchanged, and the examples' name the package
@@ -218,14 +221,14 @@ def test_update_brings_the_library_in_and_keeps_the_projects_own(updated) -> Non
     project, own, template, library = updated
     assert all((project / path).read_text() == text for path, text in own.items())
     assert f'"{TEMPLATE}=={VERSION_B}"' in (project / "pyproject.toml").read_text()
+    head = git(template, "rev-parse", "HEAD").strip()
     assert [p.name for p in (project / "wheels").iterdir()] == [
-        f"{TEMPLATE}-{VERSION_B}-py3-none-any.whl"
+        f"{TEMPLATE}-{VERSION_B}+g{head[:12]}-py3-none-any.whl"
     ]
     probe = "from fasttrain.fit import update_probe; import importlib.metadata as m; "
     probe += "print(update_probe(), m.version('fasttrain'))"
     ran = in_project(project, library, "-c", probe)
-    assert ran.stdout.split() == [TEMPLATE, VERSION_B], ran.stdout + ran.stderr
-    head = git(template, "rev-parse", "HEAD").strip()
+    assert ran.stdout.split() == [TEMPLATE, f"{VERSION_B}+g{head[:12]}"], ran.stdout + ran.stderr
     recorded = read_record(project)["_commit"]
     assert git(template, "rev-parse", f"{recorded}^{{commit}}").strip() == head
     assert git(project, "status", "--porcelain") == ""

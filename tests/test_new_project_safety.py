@@ -142,7 +142,7 @@ def test_create_copies_the_template_as_committed(tmp_path: Path, capsys) -> None
                    f"change(s) in {template.resolve()} are not copied\n")  # fmt: skip
     shipped = git(dest, "ls-tree", "-r", "--name-only", "HEAD").split()
     assert ".env" not in shipped and not [p for p in shipped if p.startswith("data/")]
-    assert shipped.count("wheels/fasttrain-0.0.1-py3-none-any.whl") == 1
+    assert shipped.count(f"wheels/fasttrain-0.0.1+g{committed[:12]}-py3-none-any.whl") == 1
 
 
 @pytest.mark.slow  # two renders, two wheels and copier's merge (~20 s): make test-slow

@@ -13,9 +13,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO
-from fasttrain.tools.new_project import RECORD, SCAFFOLD, TEMPLATE
 from test_new_project_safety import (
     FIT,
     FIT_PATH,
@@ -29,6 +26,9 @@ from test_new_project_safety import (
     scaffold_path,
     update,
 )
+
+from conftest import REPO
+from fasttrain.tools.new_project import RECORD, SCAFFOLD, TEMPLATE
 
 __all__ = ["git_identity"]  # its autouse fixture, imported to apply here
 
@@ -126,8 +126,9 @@ def project_venv(project: Path) -> Path:
     venv = project / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                              "['purelib'])"], capture_output=True, text=True, check=True)  # fmt: skip
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = subprocess.run([str(python), "-c", where], capture_output=True, text=True,
+                             check=True)  # fmt: skip
     host = project.parent / "host"
     host.mkdir()
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
@@ -166,7 +167,8 @@ def test_an_update_at_the_same_version_installs_the_newer_library(tmp_path: Path
     python = project_venv(project)
     installed = make_in(project, "install")
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    probe = "import fasttrain, importlib.metadata as m; print(fasttrain.probe(), m.version('fasttrain'))"
+    probe = "import fasttrain, importlib.metadata as m; "
+    probe += "print(fasttrain.probe(), m.version('fasttrain'))"
     ran = subprocess.run([str(python), "-c", probe], cwd=project, capture_output=True, text=True)
     commit_a = git(template, "rev-parse", "HEAD").strip()
     assert ran.stdout.split() == ["A", f"0.0.1+g{commit_a[:12]}"], ran.stdout + ran.stderr

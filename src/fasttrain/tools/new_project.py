@@ -275,8 +275,8 @@ def read_record(root: Path) -> dict[str, str]:
 
 def update(root: Path, source: str = "", ref: str = "") -> str:
     """Take a newer fasttrain into the project in `root` (see the module doc); what happened, in
-    one line. NewProjectError before anything changes if it cannot; conflicts are left to
-    resolve (MergeConflict)."""
+    one line. NewProjectError before anything changes if it cannot, and the project restored
+    as it was if it fails midway; conflicts are left to resolve (MergeConflict)."""
     record = read_record(root)
     if git(root, "status", "--porcelain", "--untracked-files=no").strip():
         raise NewProjectError("the project has uncommitted changes: commit or stash them first")

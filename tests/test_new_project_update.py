@@ -213,3 +213,19 @@ def test_copier_refuses_the_same_names(name: str, tmp_path: Path) -> None:
     why = "pytest's conftest" if name == "conftest" else ".gitignore ignores"
     assert proc.returncode != 0 and why in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert not dest.exists()
+
+
+@pytest.mark.slow  # a render and an update (~10 s)
+def test_ref_may_be_a_commit_sha(tmp_path: Path) -> None:
+    template = make_template(tmp_path)
+    project = tmp_path / NEW
+    assert make_project(template, project).returncode == 0
+    commit_file(template, scaffold_path(FIT_PATH), FIT.replace("step_9: 9", "step_9: 99"))
+    wanted = git(template, "rev-parse", "HEAD").strip()
+    commit_file(template, scaffold_path(FIT_PATH), FIT.replace("step_9: 9", "step_9: 999"))
+    proc = subprocess.run([sys.executable, "-m", "fasttrain.tools.new_project", "update",
+                           str(template), "--ref", wanted], cwd=project, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.endswith(f"the template's {wanted[:12]}\n"), proc.stdout
+    assert "step_9: 99\n" in (project / FIT_PATH).read_text()

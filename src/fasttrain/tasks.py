@@ -30,6 +30,7 @@ def train(cfg: Any) -> dict[str, float]:
     from fasttrain import fit
     from fasttrain.assemble import build_run
     from fasttrain.callbacks import board, sessions, trackers
+    from fasttrain.callbacks.grad_health import check_held_out_metrics
     from fasttrain.checkpoints.resume import checkpoint_to_resume
     from fasttrain.distributed.multirun import share_job_with_ranks
     from fasttrain.models.protocols import Exportable, missing_methods
@@ -59,6 +60,8 @@ def train(cfg: Any) -> dict[str, float]:
             model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
         )
         metrics.update(results[0] if results else {})
+    for stage in ("val", "test"):  # also without callbacks.nonfinite, before any report
+        check_held_out_metrics(metrics, stage, trainer.global_step)
     final = sessions.final_values(metrics, trainer)
     sessions.end_session(trainer.loggers, final, trainer.global_step)
     trackers.record_end(trainer.loggers, final, trainer.global_step, best or None)

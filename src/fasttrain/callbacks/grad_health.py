@@ -6,13 +6,14 @@ unscaling) but before gradient clipping: they see the gradients the model really
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from fasttrain.config.errors import ConfigError
+from fasttrain.config.errors import ConfigError, DivergedError
 
 
 def layer_names(module: torch.nn.Module, parameters: list[str]) -> list[str]:
@@ -70,7 +71,7 @@ class GradNormMonitor(L.Callback):
             logger.log_metrics(logged, step=trainer.global_step)
 
 
-class NonFiniteGradientError(FloatingPointError):
+class NonFiniteGradientError(DivergedError):
     """A gradient held NaN or inf; the message names the step and the first such parameter."""
 
 
@@ -201,6 +202,15 @@ class NonFiniteGuard(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Before the checkpoint callbacks (Lightning runs them last): no checkpoint is kept as
+        # the "best" of a run whose validation loss is NaN. One read, at an epoch's end.
+        if not trainer.sanity_checking:
+            check_held_out_metrics(trainer.callback_metrics, "val", trainer.global_step)
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        check_held_out_metrics(trainer.callback_metrics, "test", trainer.global_step)
+
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
@@ -213,6 +223,20 @@ class NonFiniteGuard(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped = state_dict.get("skipped", 0)
+
+
+def check_held_out_metrics(metrics: Mapping[str, Any], stage: str, step: int) -> None:
+    """DivergedError when a `stage` metric (val/loss, test/ppl, ...) among `metrics` is NaN or
+    inf: the weights are not a trained model, whatever else the run reports. Every metric, not
+    only the loss: a finite loss above ~88 still gives an inf perplexity."""
+    for name, value in metrics.items():
+        if not name.startswith(f"{stage}/") or torch.isfinite(torch.as_tensor(value)).all():
+            continue
+        raise DivergedError(
+            f"{name}={float(value)} at step {step}: the run diverged and has "
+            "not trained; lower the lr (model.optimizer.lr) or weight decay, clip gradients "
+            "(trainer.gradient_clip_val=1.0) or use callbacks.nonfinite.action=skip"
+        )
 
 
 def _inner(optimizer: Any) -> Any:

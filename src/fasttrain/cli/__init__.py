@@ -1,7 +1,9 @@
 """Every entry point goes through `entry(config_name, task)`: a fast `--help`, the command line
 checked before Hydra writes anything, the run folder claimed, the task run inside Hydra, and the
 exit codes: 0 done, 1 a crash (traceback), 2 bad input (one `error:` line, nothing written or
-lost), 143/130 stopped by SIGTERM/Ctrl-C (fasttrain.fit).
+lost), 3 diverged (one `diverged:` line: a NaN/inf gradient, or a non-finite validation or test
+loss; the run folder keeps its last finite checkpoints), 143/130 stopped by SIGTERM/Ctrl-C
+(fasttrain.fit).
 
 Before Hydra starts: every job's config is composed and checked (config/overrides.py) and
 what it configures is built and thrown away (`construct_each`, cli/build.py), so a bad value
@@ -33,13 +35,15 @@ from fasttrain.cli.build import build_checked, construct_each
 from fasttrain.cli.claim import LOCK_FILE as LOCK_FILE  # tests import it from here
 from fasttrain.cli.claim import RunClaim, claim_run_dir
 from fasttrain.cli.help import print_app_help, wants_app_help
-from fasttrain.config.errors import UserError
+from fasttrain.config.errors import DivergedError, UserError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # Exit code for bad input, distinct from 1 (a crash) so scripts can tell them apart.
 USER_ERROR_EXIT = 2
+# Exit code for a run that diverged (DivergedError): it ran, but has not trained.
+DIVERGED_EXIT = 3
 
 
 def entry(config_name: str, task: Callable[[Any], Any]) -> None:
@@ -216,6 +220,9 @@ def check_root() -> None:
     if not os.path.isabs(root):
         raise UserError(f"{ROOT_ENV}={root}: expected an absolute path (e.g. "
                         f"{ROOT_ENV}=$PWD/{root}), or unset it")  # fmt: skip
+    if os.path.exists(root) and not os.path.isdir(root):  # logs/ and data/ go below it
+        raise UserError(f"{ROOT_ENV}={root}: is a file; expected a folder (made if missing), "
+                        "or unset it")  # fmt: skip
 
 
 def script(main: Callable[[], Any]) -> None:
@@ -240,13 +247,13 @@ def script(main: Callable[[], Any]) -> None:
     try:
         main()
     except SystemExit as err:
-        if err.code != USER_ERROR_EXIT:
+        if err.code not in (USER_ERROR_EXIT, DIVERGED_EXIT):
             raise
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
         logging.shutdown()
-        os._exit(USER_ERROR_EXIT)
+        os._exit(DIVERGED_EXIT if err.code == DIVERGED_EXIT else USER_ERROR_EXIT)
     finally:
         _AS_PROCESS = False
         gc.enable()
@@ -276,7 +283,8 @@ def show_tracebacks() -> bool:
 
 
 def run_task(task: Callable[..., T], *args: Any, undo: Callable[[], None] | None = None) -> T:
-    """Run an entry point's task; turn a UserError into one line on stderr and exit code 2.
+    """Run an entry point's task; turn a UserError into one line on stderr and exit code 2, a
+    DivergedError into one `diverged:` line and exit code 3 (the run's folder is kept).
 
     `undo` takes back what this invocation wrote into its run folder (RunClaim.undo).
     """
@@ -289,6 +297,11 @@ def run_task(task: Callable[..., T], *args: Any, undo: Callable[[], None] | None
             raise
         print(f"error: {one_line(err)}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+    except DivergedError as err:
+        if show_tracebacks():
+            raise
+        print(f"diverged: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(DIVERGED_EXIT)
 
 
 def one_line(err: UserError) -> str:

@@ -10,6 +10,12 @@ class UserError(Exception):
     """A mistake in what the user asked for (config, paths, files), not a bug in the code."""
 
 
+class DivergedError(FloatingPointError):
+    """A run whose training diverged (a NaN/inf gradient, a non-finite validation or test
+    loss): it has not trained, so it ends with one `diverged:` line and an exit code of its own
+    (fasttrain.cli), never as a finished run."""
+
+
 class ConfigError(UserError, ValueError):
     """A constructor argument with an invalid value.
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections.abc as abc
 import difflib
 import inspect
+import math
 import re
 import types
 import typing
@@ -39,6 +40,7 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
         if "_target_" in node:
             _check_call(node, path)
             _check_optimizer(node, path)
+            _check_scheduler(node, path)
         for key in node:
             if OmegaConf.is_missing(node, key):
                 raise UserError(
@@ -194,6 +196,7 @@ def _check_args(
             continue
         if key not in params:
             if takes_kwargs:
+                _check_finite(node, key, path)
                 continue
             close = difflib.get_close_matches(str(key), named, n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; valid: {', '.join(named)}"
@@ -212,12 +215,41 @@ def _check_args(
             continue  # `x: int = None` is common shorthand for Optional
         if not _matches(value, annotation):
             raise UserError(f"{_join(path, key)}={value!r}: expected {_describe(annotation)}")
+        _check_finite(node, key, path)
     if not node.get("_partial_", False):
         given = set(node.keys())
         for name in named:
             p = params[name]
             if p.default is p.empty and name not in given and p.kind is not p.POSITIONAL_ONLY:
                 raise UserError(f"{_join(path, name)} is required by {target or 'this entry'}")
+
+
+def _check_finite(node: DictConfig, key: Any, path: str) -> None:
+    """No NaN or inf in a value, or in the lists and mappings it holds: no argument of any
+    component means them (an lr, a weight decay, a softcap, a scheduler's factor), and each
+    would only show up later as a NaN loss or a traceback from the component."""
+    child = node[key]
+    if isinstance(child, DictConfig) and "_target_" in child:
+        return  # checked on its own
+    value = _plain(child)
+    bad = next(_non_finite(value), None)
+    if bad is None:
+        return
+    shown = f"{_join(path, key)}={value!r}"
+    if bad is not value:
+        shown += f" (holds {bad!r})"
+    raise UserError(f"{shown}: expected a finite number (not nan or inf)")
+
+
+def _non_finite(value: Any) -> abc.Iterator[float]:
+    if isinstance(value, float) and not math.isfinite(value):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _non_finite(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _non_finite(item)
 
 
 def _check_optimizer(node: DictConfig, path: str) -> None:
@@ -247,6 +279,51 @@ def _check_optimizer(node: DictConfig, path: str) -> None:
         )
         where = f"{_join(path, key)}={kwargs[key]!r}" if key else path
         raise UserError(f"{where}: {err} (from {node._target_})") from None
+
+
+# What the task fills in when it builds a scheduler factory (models/optim_plan.py), for one
+# built here on a stand-in optimizer: a short run's length and the optimizer's lr as the peak.
+_SCHEDULER_STAND_INS = {"T_max": 10, "total_steps": 10, "max_lr": 1.0}
+
+
+def _check_scheduler(node: DictConfig, path: str) -> None:
+    """Build a scheduler factory on a stand-in optimizer and step it through a short run: its
+    range checks (warmup_steps=-1, ...) then fail now, naming the override, and a schedule that
+    sets a negative or non-finite lr (eta_min=-1: gradient ascent) is refused before a run that
+    climbs its loss."""
+    if not node.get("_partial_", False):
+        return
+    import torch
+
+    sched = torch.optim.lr_scheduler
+    cls = get_object(node._target_)
+    if not (inspect.isclass(cls) and issubclass(cls, sched.LRScheduler)):
+        return
+    args = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
+    kwargs = {k: v for k, v in args.items() if k not in _SPECIAL_KEYS}
+    takes = inspect.signature(cls).parameters
+    stand_ins = {k: v for k, v in _SCHEDULER_STAND_INS.items() if k in takes and k not in kwargs}
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0, momentum=0.9)
+    try:
+        scheduler = cls(optimizer, **stand_ins, **kwargs)
+        lrs = list(scheduler.get_last_lr())
+        for _ in range(9 if not isinstance(scheduler, sched.ReduceLROnPlateau) else 0):
+            optimizer.step()
+            scheduler.step()
+            lrs += scheduler.get_last_lr()
+    except ConfigError as err:
+        raise err.at(path) from None
+    except TypeError:
+        return  # an argument only the task can give: built, and checked, in the run
+    except ValueError as err:
+        key = next((k for k, v in kwargs.items() if str(v) in str(err)), None)
+        where = f"{_join(path, key)}={kwargs[key]!r}" if key else path
+        raise UserError(f"{where}: {err} (from {node._target_})") from None
+    bad = next((lr for lr in lrs if not (math.isfinite(lr) and lr >= 0)), None)
+    if bad is not None:
+        shown = ", ".join(f"{_join(path, k)}={v!r}" for k, v in kwargs.items())
+        raise UserError(f"{shown}: sets an lr of 1 to {bad:.3g} within a 10-step run; "
+                        "expected a schedule whose lr stays >= 0 and finite")  # fmt: skip
 
 
 def _is_union(annotation: Any) -> bool:

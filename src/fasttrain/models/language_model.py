@@ -78,6 +78,8 @@ class LanguageModel(Task):
                 raise ConfigError(key, value, "a language model's inputs are token ids, never "
                                   "normalised; leave it unset")  # fmt: skip
         weight_decay = float(weight_decay)
+        if not weight_decay >= 0:  # (also NaN) AdamW would refuse it only at fit's start
+            raise ConfigError("weight_decay", weight_decay, "expected a number >= 0")
         super().__init__(net, optimizer, scheduler_interval=scheduler_interval,
                          vocab_size=vocab_size, weight_decay=weight_decay, **base)  # fmt: skip
         self.vocab_size, self.weight_decay = vocab_size, weight_decay

@@ -1,0 +1,225 @@
+"""Round five from outside the suite: hostile numbers in every numeric value of every entry's
+config (refused in one line naming the override, or accepted), and runs that diverge ending
+with one `diverged:` line and exit code 3, never as a finished run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, run_cli, run_dirs
+
+HOSTILE = ("nan", "inf", "-1", "0", "1e12")
+# Each entry config the way a user picks it: (config name, the choices on its command line).
+BASES: dict[str, tuple[str, list[str]]] = {
+    "train": ("train", []),
+    "gpt": ("train", ["model=gpt", "data=text"]),
+    "gpt_modern": ("train", ["model=gpt_modern", "data=text"]),
+    "regressor": ("train", ["model=regressor", "data=diabetes"]),
+    "cnn": ("train", ["model=cnn"]),
+    "mlp": ("train", ["model=mlp"]),
+    "synthetic": ("train", ["data=synthetic"]),
+    "cifar10": ("train", ["data=cifar10"]),
+    "muon": ("train", ["model=gpt_modern", "data=text", "model/optimizer=muon"]),
+    "onecycle": ("train", ["model/scheduler=onecycle"]),
+    "digits_cnn": ("train", ["experiment=digits_cnn"]),
+    "digits_mlp": ("train", ["experiment=digits_mlp"]),
+    "cifar10_resnet18": ("train", ["experiment=cifar10_resnet18"]),
+    "eval": ("eval", ["ckpt_path={tmp}/absent.ckpt"]),
+    "export": ("export", ["ckpt_path={tmp}/absent.ckpt"]),
+    "predict": ("predict", ["ckpt_path={tmp}/absent.ckpt"]),
+    "prepare": ("prepare", ["data.path={tmp}"]),
+}
+SAMPLED = ("train", "gpt")  # the default run: these two, one hostile value per leaf
+
+
+def numeric_leaves(node: Any, path: str = "") -> list[str]:
+    """The override path of every int or float the composed config holds (not interpolations,
+    not hydra's or paths' own keys)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    found: list[str] = []
+    for key in node:
+        where = f"{path}.{key}" if path else str(key)
+        if where in ("hydra", "paths") or OmegaConf.is_interpolation(node, key):
+            continue
+        value = node[key]
+        if isinstance(value, DictConfig):
+            found += numeric_leaves(value, where)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.append(where)
+    return found
+
+
+def outcome(config_name: str, argv: list[str]) -> str:
+    """What the CLI does with `argv` before Hydra writes anything: "accepted", or the one-line
+    refusal. Any other exception propagates: that is the bug this property looks for."""
+    from fasttrain.cli import construct_each, one_line
+    from fasttrain.config.errors import UserError
+    from fasttrain.config.overrides import check_command_line
+
+    try:
+        construct_each(check_command_line(config_name, argv).jobs)
+    except UserError as err:
+        return one_line(err)
+    return "accepted"
+
+
+def base_argv(name: str, tmp_path: Path) -> tuple[str, list[str]]:
+    config_name, argv = BASES[name]
+    return config_name, [a.replace("{tmp}", str(tmp_path)) for a in argv]
+
+
+def check_each(name: str, tmp_path: Path, sample: bool) -> dict[str, str]:
+    config_name, argv = base_argv(name, tmp_path)
+    from fasttrain.config.overrides import check_command_line
+
+    (job,) = check_command_line(config_name, argv).jobs
+    leaves = numeric_leaves(job)
+    assert leaves, name
+    results: dict[str, str] = {}
+    for i, leaf in enumerate(leaves):
+        values = (HOSTILE[i % len(HOSTILE)],) if sample else HOSTILE
+        for value in values:
+            said = outcome(config_name, [*argv, f"{leaf}={value}"])
+            if said != "accepted":
+                assert "\n" not in said, said
+                # it names the override: its last part at least (sweep/derived checks)
+                assert leaf.rsplit(".", 1)[-1] in said, (leaf, value, said)
+            if value in ("nan", "inf"):  # no argument of any component means them
+                assert said != "accepted", f"{leaf}={value} was accepted"
+            results[f"{leaf}={value}"] = said
+    return results
+
+
+@pytest.mark.parametrize("name", SAMPLED)
+def test_hostile_numbers_are_refused_in_one_line_or_accepted(name: str, tmp_path: Path) -> None:
+    results = check_each(name, tmp_path, sample=True)
+    assert len(results) >= 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BASES))
+def test_every_hostile_number_of_every_entry(name: str, tmp_path: Path) -> None:
+    results = check_each(name, tmp_path, sample=False)
+    refused = [k for k, v in results.items() if v != "accepted"]
+    assert refused, name
+
+
+@pytest.mark.parametrize(
+    ("base", "override", "expected"),
+    [
+        ("train", "model.optimizer.lr=inf", "model.optimizer.lr=inf: expected a finite number"),
+        ("train", "model.optimizer.lr=nan", "model.optimizer.lr=nan: expected a finite number"),
+        ("train", "model.optimizer.weight_decay=inf", "weight_decay=inf: expected a finite"),
+        ("gpt", "model.optimizer.lr=inf", "model.optimizer.lr=inf: expected a finite number"),
+        ("gpt", "model.weight_decay=nan", "model.weight_decay=nan: expected a finite number"),
+        ("gpt", "model.weight_decay=inf", "model.weight_decay=inf: expected a finite number"),
+        ("gpt", "model.weight_decay=-1", "model.weight_decay=-1.0: expected a number >= 0"),
+        ("gpt", "model.scheduler.warmup_steps=-1", "model.scheduler.warmup_steps=-1: expected"),
+        ("gpt_modern", "model.net.softcap=inf", "model.net.softcap=inf: expected a finite"),
+        ("muon", "model.optimizer.lr=nan", "model.optimizer.lr=nan: expected a finite number"),
+        ("train", "model.scheduler.eta_min=-1", "model.scheduler.eta_min=-1: sets an lr of 1"),
+        ("onecycle", "model.scheduler.pct_start=2", "model.scheduler.pct_start=2: Expected"),
+    ],
+)
+def test_the_values_that_ended_in_a_traceback_are_refused_naming_the_override(
+    base: str, override: str, expected: str, tmp_path: Path
+) -> None:
+    config_name, argv = base_argv(base, tmp_path)
+    said = outcome(config_name, [*argv, override])
+    assert expected in said, said
+
+
+def test_a_nan_inside_a_list_argument_is_refused(tmp_path: Path) -> None:
+    said = outcome("train", ["model=gpt", "data=text", "model.optimizer.betas=[0.9,nan]"])
+    assert "model.optimizer.betas=[0.9, nan] (holds nan): expected a finite number" in said
+
+
+def test_a_root_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.write_text("not a folder")
+    proc = run_cli([str(REPO / "train.py")], tmp_path / "logs", FASTTRAIN_ROOT=str(root))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: FASTTRAIN_ROOT={root}: is a file; expected a folder (made if missing), or unset it"
+    ]
+    assert root.read_text() == "not a folder"
+
+
+def diverged_line(proc: Any) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert lines[-1].startswith("diverged: "), lines[-5:]
+    assert not [line for line in lines if "Traceback" in line or "Error executing" in line]
+    assert "final metrics" not in proc.stdout and "next" not in proc.stdout.lower()
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        # one epoch of two batches: the gradients stay finite, validation's loss does not
+        (["model.optimizer.lr=1e12", "trainer.max_epochs=1", "trainer.limit_train_batches=2"],
+         "the run diverged and has not trained"),
+        # one step: a finite val/loss of ~1e8, an inf perplexity
+        (["model=gpt", "data=text", "model.weight_decay=1e12", "debug=fast_dev_run"],
+         "val/ppl=inf"),
+    ],
+    ids=["classifier-lr", "gpt-weight-decay"],
+)
+def test_a_run_that_diverges_ends_with_exit_3_and_no_result(
+    args: list[str], says: str, tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "logs"
+    run = ["train.py", *args, "trainer.limit_val_batches=2", "data.num_workers=0", "logger=none"]
+    line = diverged_line(run_cli(run, log_dir))
+    assert says in line and "model.optimizer.lr" in line
+    (run_dir,) = run_dirs(log_dir)
+    assert not (run_dir / "metrics.json").exists()
+    assert not [p for p in run_dir.rglob("*.ckpt") if "nan" in p.name or "inf" in p.name]
+
+
+def test_the_guards_gradient_error_is_one_line_and_exit_3(monkeypatch, capsys) -> None:
+    from fasttrain.callbacks.grad_health import NonFiniteGradientError
+    from fasttrain.cli import DIVERGED_EXIT, run_task
+
+    def task() -> None:
+        raise NonFiniteGradientError("non-finite gradient at step 1 in net.fc.weight:\n lower it")
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        run_task(task)
+    assert exit_.value.code == DIVERGED_EXIT == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["diverged: non-finite gradient at step 1 in net.fc.weight: lower it"]
+
+
+def test_held_out_metrics_that_are_finite_pass_and_any_non_finite_one_is_named() -> None:
+    import torch
+
+    from fasttrain.callbacks.grad_health import check_held_out_metrics
+    from fasttrain.config.errors import DivergedError
+
+    fine = {"val/loss": torch.tensor(2.0), "val/ppl": 7.4, "train/loss": float("nan")}
+    check_held_out_metrics(fine, "val", 10)  # a training loss is the guard's business
+    with pytest.raises(DivergedError, match=r"^test/acc=nan at step 4"):
+        check_held_out_metrics({"test/loss": 1.0, "test/acc": float("nan")}, "test", 4)
+
+
+def test_the_exit_codes_are_documented() -> None:
+    from fasttrain import cli
+
+    assert "3 diverged" in (cli.__doc__ or "")
+    docs = "\n".join(p.read_text() for p in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
+    assert "exit code 3" in docs or "exit 3" in docs, "the diverged exit code is not in the docs"
+
+
+if __name__ == "__main__":  # a quick look at one base: python tests/test_reliability_round5.py gpt
+    import tempfile
+
+    for case, said in check_each(sys.argv[1], Path(tempfile.mkdtemp()), sample=False).items():
+        print(f"{case:50} {said}")

@@ -9,6 +9,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -306,3 +307,40 @@ def test_resume_never_builds_a_spec_of_the_checkpoint(mlp_ckpt: Path, tmp_path: 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         train(compose("train", overrides=overrides))
     assert not marker.exists()
+
+
+def _savetxt(marker: Path) -> dict[str, Any]:
+    return {"_target_": "numpy.savetxt", "fname": str(marker), "X": [], "header": "echo attacker",
+            "comments": ""}  # fmt: skip
+
+
+@pytest.mark.parametrize("slot", ["task", "data"])
+@pytest.mark.parametrize("record", ["model spec", "hyper_parameters"])
+def test_an_argument_named_like_a_fixed_slot_is_checked_as_itself(
+    slot: str, record: str, tmp_path: Path, monkeypatch
+) -> None:
+    """An argument named `task` or `data` once replaced the slot of that name in the check: the
+    spec's own `_target_` (or the argument) then went unchecked and was built."""
+    from fasttrain.checkpoints.io import MODEL_SPEC_KEY
+    from fasttrain.checkpoints.load import load_task
+    from fasttrain.config.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "payload_ran"
+    crafted = tmp_path / "crafted.ckpt"
+    if record == "model spec":
+        # `task`: a plain argument hides the spec's target; `data`: the argument is the payload
+        spec = ({"_target_": "numpy.savetxt", **{k: v for k, v in _savetxt(marker).items()
+                                                 if k != "_target_"}, "task": 1}
+                if slot == "task" else
+                {"_target_": "fasttrain.models.Classifier", "net": NET, "optimizer": ADAMW,
+                 "num_classes": 10, "data": _savetxt(marker)})  # fmt: skip
+        record_ = {"state_dict": {}, "datamodule_hyper_parameters": {}, MODEL_SPEC_KEY: spec}
+    else:
+        hparams = {"net": NET, "optimizer": ADAMW, "num_classes": 10, slot: _savetxt(marker)}
+        record_ = {"state_dict": {}, "task_target": "fasttrain.models.Classifier",
+                   "hyper_parameters": hparams}  # fmt: skip
+    torch.save(record_, crafted)
+    with pytest.raises(UserError, match=r"refused, its (task|data) names numpy\.savetxt"):
+        load_task(crafted)
+    assert not marker.exists(), "the checkpoint's payload ran"

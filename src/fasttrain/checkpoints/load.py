@@ -101,8 +101,7 @@ def _from_hparams(ckpt: dict[str, Any], data: dict[str, Any], path: str | Path,
     if not isinstance(net_spec, dict) or "_target_" not in net_spec:
         raise UserError(f"ckpt_path={path}: not a fasttrain task checkpoint (no net spec)")
     task_target = ckpt.get(TASK_TARGET_KEY, PRE_CONTRACT_TASK)
-    check_specs({"task": {"_target_": task_target}, **hparams, "data": data},
-                f"ckpt_path={path}", allow)  # fmt: skip
+    check_slots(task_target, hparams, data, f"ckpt_path={path}", allow)
     task = get_object(str(task_target))
     if not follows_the_contract(task):
         raise UserError(f"ckpt_path={path}: its task {task_target} does not follow the task "
@@ -125,13 +124,21 @@ def _from_spec(spec: Any, data: dict[str, Any], path: str | Path,
     if not isinstance(spec, dict) or not isinstance(spec.get("_target_"), str):
         raise UserError(f"ckpt_path={path}: refused, its model spec is not a config node")
     args = {k: v for k, v in spec.items() if k != "_target_"}
-    check_specs({"task": {"_target_": spec["_target_"]}, **args, "data": data},
-                f"ckpt_path={path}", allow)  # fmt: skip
+    check_slots(spec["_target_"], args, data, f"ckpt_path={path}", allow)
     try:
         return instantiate(spec, _convert_="all")
     except (InstantiationException, KeyError, TypeError, ValueError) as err:
         raise UserError(f"ckpt_path={path}: its model spec does not rebuild "
                         f"{spec['_target_']} ({_one_line(err)})") from None  # fmt: skip
+
+
+def check_slots(task_target: Any, args: dict[str, Any], data: dict[str, Any], source: str,
+                allow: Collection[str]) -> None:  # fmt: skip
+    """The fixed slots (the task's class, the data module) and every argument, each through
+    the allowlist on its own: an argument named `task` or `data` checks as itself, never in
+    place of the slot it shares a name with."""
+    check_specs({"task": {"_target_": task_target}, "data": data}, source, allow)
+    check_specs(args, source, allow)
 
 
 def _load_weights(model: Any, ckpt: dict[str, Any], path: str | Path) -> None:

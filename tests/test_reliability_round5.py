@@ -22,16 +22,18 @@ BASES: dict[str, tuple[str, list[str]]] = {
     "cnn": ("train", ["model=cnn"]),
     "mlp": ("train", ["model=mlp"]),
     "synthetic": ("train", ["data=synthetic"]),
-    "cifar10": ("train", ["data=cifar10"]),
+    "cifar10": ("train", ["data=cifar10", "data.path={tmp}/cifar10"]),
+    "image_folder": ("train", ["data=image_folder", "data.path={tmp}/images"]),
+    "shards": ("train", ["data=shards", "data.path={tmp}/shards"]),
     "muon": ("train", ["model=gpt_modern", "data=text", "model/optimizer=muon"]),
     "onecycle": ("train", ["model/scheduler=onecycle"]),
     "digits_cnn": ("train", ["experiment=digits_cnn"]),
     "digits_mlp": ("train", ["experiment=digits_mlp"]),
-    "cifar10_resnet18": ("train", ["experiment=cifar10_resnet18"]),
+    "cifar10_resnet18": ("train", ["experiment=cifar10_resnet18", "data.path={tmp}/cifar10"]),
     "eval": ("eval", ["ckpt_path={tmp}/absent.ckpt"]),
     "export": ("export", ["ckpt_path={tmp}/absent.ckpt"]),
     "predict": ("predict", ["ckpt_path={tmp}/absent.ckpt"]),
-    "prepare": ("prepare", ["data.path={tmp}"]),
+    "prepare": ("prepare", ["data.path={tmp}/images"]),
 }
 SAMPLED = ("train", "gpt")  # the default run: these two, one hostile value per leaf
 
@@ -69,8 +71,17 @@ def outcome(config_name: str, argv: list[str]) -> str:
 
 
 def base_argv(name: str, tmp_path: Path) -> tuple[str, list[str]]:
+    """The base's command line, with the files its data set reads written under tmp_path."""
+    from fasttrain.testing.fake_data import write_cifar10, write_image_folder, write_shards
+
     config_name, argv = BASES[name]
-    return config_name, [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    makers = {"cifar10": write_cifar10, "images": lambda p: write_image_folder(p, per_class=4),
+              "shards": lambda p: write_shards(p, 10)}  # fmt: skip
+    for folder, make in makers.items():
+        if f"data.path={tmp_path}/{folder}" in argv and not (tmp_path / folder).exists():
+            make(tmp_path / folder)
+    return config_name, argv
 
 
 def check_each(name: str, tmp_path: Path, sample: bool) -> dict[str, str]:

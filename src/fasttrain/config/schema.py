@@ -315,8 +315,11 @@ def _check_scheduler(node: DictConfig, path: str) -> None:
         raise err.at(path) from None
     except TypeError:
         return  # an argument only the task can give: built, and checked, in the run
-    except ValueError as err:
+    except (ValueError, ArithmeticError) as err:  # OneCycleLR's div_factor=0: 1 / 0
         key = next((k for k, v in kwargs.items() if str(v) in str(err)), None)
+        if isinstance(err, ArithmeticError):
+            key = next((k for k, v in kwargs.items() if v == 0 and k in takes), key)
+            err = ValueError("expected a number other than 0 (the schedule divides by it)")
         where = f"{_join(path, key)}={kwargs[key]!r}" if key else path
         raise UserError(f"{where}: {err} (from {node._target_})") from None
     bad = next((lr for lr in lrs if not (math.isfinite(lr) and lr >= 0)), None)

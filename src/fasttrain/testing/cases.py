@@ -7,6 +7,8 @@ tested the day it is added, with no edit here).
 - Its data is the first data option (the default, digits, then by name) whose composed config
   resolves with it and that the task says it can take (`data_mismatch`); one that needs files or
   an extra it cannot find here is passed over.
+- A plain LightningModule there (not a Task) is a case of its own (`plain_cases`): it trains,
+  evaluates and resumes; the contract's checks (round trip, export, predict) are a Task's.
 - Its nets are the `conf/model/net/*.yaml` options that build for that data's `input_shape` and
   map a batch of it (the task's `example_inputs`: token ids for a language model) to outputs;
   presets of over GPU_PRESET_PARAMS parameters (gpt2_small) are for a GPU and left out here.
@@ -77,9 +79,22 @@ def data_for(model_option: str) -> str | None:
             model = build(cfg.model, "model")
         except Exception:  # another kind of data (labels vs targets), or files it lacks here
             continue
-        if model.data_mismatch(datamodule) is None:
+        mismatch = getattr(model, "data_mismatch", None)  # a plain LightningModule says nothing
+        if mismatch is None or mismatch(datamodule) is None:
             return data
     return None
+
+
+@functools.cache
+def follows_contract(model_option: str) -> bool:
+    """Whether the option's class is a Task (fasttrain.models.task), not a plain
+    LightningModule: only a Task has the contract's methods (example_inputs, data_mismatch...)."""
+    from hydra.utils import get_object
+
+    from fasttrain.models.task import Task
+
+    target = get_object(str(compose_train([f"model={model_option}"]).model._target_))
+    return isinstance(target, type) and issubclass(target, Task)
 
 
 @functools.cache
@@ -108,12 +123,25 @@ def nets_for(model_option: str, data: str) -> tuple[str, ...]:
 def cases() -> list[tuple[str, str, str]]:
     """(task option, data option, net option) for every task and each of its nets."""
     found = []
-    for task in task_files():
+    for task in filter(follows_contract, task_files()):
         data = data_for(task)
         assert data is not None, f"no data option in conf/data fits model={task}"
         nets = nets_for(task, data)
         assert nets, f"no net option in conf/model/net fits model={task} data={data}"
         found += [(task, data, net) for net in nets]
+    return found
+
+
+def plain_cases() -> list[tuple[str, str]]:
+    """(model option, data option) for each plain LightningModule in conf/model: it trains,
+    evaluates and resumes as any module does; the contract's own checks are a Task's."""
+    found = []
+    for option in task_files():
+        if follows_contract(option):
+            continue
+        data = data_for(option)
+        assert data is not None, f"no data option in conf/data builds with model={option}"
+        found.append((option, data))
     return found
 
 

@@ -19,9 +19,10 @@ from fasttrain.assemble.restore import restore
 from fasttrain.checkpoints.load import load_task
 from fasttrain.models.spec import qualname
 from fasttrain.models.task import TASK_TARGET_KEY, Task
-from fasttrain.testing.cases import CONF, SHORT, case_id, cases, compose_train
+from fasttrain.testing.cases import CONF, SHORT, case_id, cases, compose_train, plain_cases
 
 CASES = cases()
+PLAIN_CASES = plain_cases()
 
 
 def entry_cfg(entry: str, ckpt: Path, data: str, out: Path, *overrides: str) -> DictConfig:
@@ -179,3 +180,26 @@ def test_a_checkpoint_naming_another_task_is_refused_before_anything_is_built(
     with pytest.raises(UserError, match=message) as err:
         load_task(ckpt)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("case", PLAIN_CASES, ids="-".join)
+def test_a_plain_module_trains_evaluates_and_resumes(case: tuple[str, str], tmp_path: Path) -> None:
+    """A plain LightningModule in conf/model: a short run, evaluate on its last checkpoint
+    (the same test metrics), and a resumed run one epoch longer."""
+    from fasttrain.tasks import evaluate, train
+
+    option, data = case
+    cfg = compose_train([f"model={option}", f"data={data}", *SHORT], tmp_path)
+    metrics = train(cfg)
+    held_out = {k: v for k, v in metrics.items() if k.startswith("test/")}
+    assert held_out and all(math.isfinite(v) for v in held_out.values()), metrics
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    evaluated = evaluate(entry_cfg("eval", last, data, tmp_path / "e",
+                                   "++trainer.limit_test_batches=2"))  # fmt: skip
+    for name, value in held_out.items():
+        assert evaluated[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    longer = cfg.copy()
+    with open_dict(longer):
+        longer.trainer.max_epochs, longer.resume = 2, "auto"
+    train(longer)
+    assert torch.load(last, weights_only=True)["epoch"] == 1

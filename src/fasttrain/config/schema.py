@@ -157,7 +157,7 @@ def check_settings(cfg: DictConfig, entry_name: str) -> None:
     entry = settings.ENTRIES[entry_name]
     params, hints = _signature(f"{entry.__module__}.{entry.__qualname__}", "")
     own = frozenset(k for k in cfg if k not in params and _is_group(cfg, k))
-    _check_args(cfg, "", params, hints, "", skip=own)
+    _check_args(cfg, "", params, hints, "", skip=own, finite=False)
     values = {k: _plain(cfg[k]) for k in params if k in cfg and not OmegaConf.is_missing(cfg, k)}
     required = [n for n, p in params.items() if p.default is p.empty]
     if any(n not in values for n in required):
@@ -166,6 +166,9 @@ def check_settings(cfg: DictConfig, entry_name: str) -> None:
         entry(**values)
     except ConfigError as err:
         raise UserError(str(err)) from None
+    # after the entry's own domains, which name the range (temperature: a finite number >= 0)
+    for key in values:
+        _check_finite(cfg, key, "")
 
 
 def _is_group(cfg: DictConfig, key: Any) -> bool:
@@ -187,8 +190,10 @@ def _check_args(
     hints: dict[str, Any],
     path: str,
     skip: frozenset[Any] = frozenset(),
+    finite: bool = True,
 ) -> None:
-    """Each key of `node` is an argument of `target` with a value of the annotated type."""
+    """Each key of `node` is an argument of `target` with a value of the annotated type (and,
+    with `finite`, no nan or inf in it)."""
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     named = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     for key in node:
@@ -196,7 +201,8 @@ def _check_args(
             continue
         if key not in params:
             if takes_kwargs:
-                _check_finite(node, key, path)
+                if finite:
+                    _check_finite(node, key, path)
                 continue
             close = difflib.get_close_matches(str(key), named, n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; valid: {', '.join(named)}"
@@ -215,7 +221,8 @@ def _check_args(
             continue  # `x: int = None` is common shorthand for Optional
         if not _matches(value, annotation):
             raise UserError(f"{_join(path, key)}={value!r}: expected {_describe(annotation)}")
-        _check_finite(node, key, path)
+        if finite:
+            _check_finite(node, key, path)
     if not node.get("_partial_", False):
         given = set(node.keys())
         for name in named:

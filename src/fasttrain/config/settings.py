@@ -6,6 +6,7 @@ checks a type cannot say. Group nodes (data, model, trainer, ...) are checked on
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -257,8 +258,10 @@ def predict(
         raise ConfigError("input", input, "a language model's prompt= takes no input file")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError("max_new_tokens", max_new_tokens, "expected an int >= 1")
-    if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ConfigError("temperature", temperature, "expected a number >= 0 (0: the most likely)")
+    number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+    if not number or not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError("temperature", temperature,
+                          "expected a finite number >= 0 (0: the most likely token)")  # fmt: skip
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ConfigError("top_k", top_k, "expected an int >= 1, or null (every token)")
 

@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -42,6 +44,35 @@ def run_cli(
         [sys.executable, *args, f"paths.log_dir={log_dir}"],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T],
+    within: float,
+    what: str,
+    process: subprocess.Popen | None = None,
+    every: float = 0.5,
+) -> T:
+    """The first true value `condition()` gives, asked every `every` s: for a server or a
+    background run to reach a state, never a fixed sleep (a loaded machine is slower than any
+    guess). An OSError counts as "not yet" (a server not listening yet). Fails naming `what`
+    after `within` s, or as soon as `process` exits (it would never get there)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            value = condition()
+        except OSError:
+            value = None  # type: ignore[assignment]
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"{what}: the process ended first (exit {process.returncode})")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {within:g} s")
+        time.sleep(every)
 
 
 def run_dirs(log_dir: Path, task: str = "train") -> list[Path]:

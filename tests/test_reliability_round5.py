@@ -174,11 +174,15 @@ def diverged_line(proc: Any) -> str:
     ("args", "says"),
     [
         # one epoch of two batches: the gradients stay finite, validation's loss does not
-        (["model.optimizer.lr=1e12", "trainer.max_epochs=1", "trainer.limit_train_batches=2"],
-         "the run diverged and has not trained"),
+        (
+            ["model.optimizer.lr=1e12", "trainer.max_epochs=1", "trainer.limit_train_batches=2"],
+            "the run diverged and has not trained",
+        ),
         # one step: a finite val/loss of ~1e8, an inf perplexity
-        (["model=gpt", "data=text", "model.weight_decay=1e12", "debug=fast_dev_run"],
-         "val/ppl=inf"),
+        (
+            ["model=gpt", "data=text", "model.weight_decay=1e12", "debug=fast_dev_run"],
+            "val/ppl=inf",
+        ),
     ],
     ids=["classifier-lr", "gpt-weight-decay"],
 )

@@ -9,14 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from test_reliability_run_names import files_under, main_in
 from test_reliability_run_sweeps import train, user_env
 
-from conftest import REPO
+from conftest import REPO, wait_for
 from fasttrain.cli import LOCK_FILE, RunClaim, first_process
 from fasttrain.config.errors import UserError
 
@@ -148,10 +147,7 @@ def test_two_real_runs_with_one_run_name(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         last = tmp_path / "logs" / "train" / "R" / "checkpoints" / "last.ckpt"
-        deadline = time.monotonic() + 300
-        while not last.exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert last.exists(), "the first run never saved"
+        wait_for(last.exists, 300, "the first run saving last.ckpt", first)
         second = train(args, tmp_path)
         assert second.returncode == 2
         assert second.stderr.strip().splitlines() == [

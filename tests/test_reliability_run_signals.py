@@ -18,7 +18,7 @@ import torch
 from test_reliability_run_sweeps import train, user_env
 from torch.utils.data import DataLoader, Dataset
 
-from conftest import REPO
+from conftest import REPO, wait_for
 from fasttrain.data.base import worker_init
 from fasttrain.fit import ctrl_c_as_sigterm
 
@@ -181,10 +181,7 @@ def stop_group(sig: signal.Signals, tmp_path: Path) -> tuple[subprocess.Complete
         preexec_fn=_default_ctrl_c,
     )  # fmt: skip
     last = tmp_path / "logs" / "train" / "R" / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 300
-    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert last.exists(), "no checkpoint before the signal"
+    wait_for(last.exists, 300, "a checkpoint before the signal", proc, every=0.1)
     before = last_step(last)
     os.killpg(proc.pid, sig)
     out, err = proc.communicate(timeout=300)

@@ -11,7 +11,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 from test_reliability_run_sweeps import train
 
-from conftest import REPO, scalar_steps, session_hparams
+from conftest import REPO, scalar_steps, session_hparams, wait_for
 
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
@@ -186,14 +185,12 @@ def test_the_printed_mlflow_ui_command_shows_the_run(tracked) -> None:
     try:
         body = json.dumps({"experiment_ids": ["1"], "max_results": 5}).encode()
         url = f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search"
-        deadline, answer = time.monotonic() + 120, None
-        while answer is None and server.poll() is None and time.monotonic() < deadline:
-            try:
-                request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-                answer = json.load(urllib.request.urlopen(request, timeout=5))
-            except OSError:
-                time.sleep(0.5)
-        assert answer is not None, server.stderr.read()[-2000:] if server.poll() else "no answer"
+
+        def searched() -> dict:
+            request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            return json.load(urllib.request.urlopen(request, timeout=5))
+
+        answer = wait_for(searched, 120, "the MLflow server answering a run search", server)
         assert [r["info"]["run_name"] for r in answer["runs"]] == ["T"]
     finally:
         server.terminate()

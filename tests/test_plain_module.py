@@ -90,13 +90,24 @@ class LitDigitsExportable(LitDigits):
         return [[int(k)] for k in outputs.argmax(-1)]
 
 
+class LitWeighted(LitDigits):
+    """The same module keeping a tensor among its hyperparameters (class weights, as a loss
+    would take them)."""
+
+    def __init__(self, net: torch.nn.Module, optimizer: Any, num_classes: int = 10,
+                 weight_top: float = 2.0) -> None:  # fmt: skip
+        super().__init__(net, optimizer, num_classes)
+        self.hparams["class_weights"] = torch.linspace(1.0, weight_top, num_classes)
+
+
 @pytest.fixture
 def allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoints may name these modules, as a project's conf/ would (model/*.yaml)."""
     from fasttrain.checkpoints import allow
 
     named = {**allow.conf_targets(), **{f"{__name__}.{c.__name__}": ("model/lit.yaml",)
-                                        for c in (LitDigits, LitDigitsExportable)}}  # fmt: skip
+                                        for c in (LitDigits, LitDigitsExportable,
+                                                  LitWeighted)}}  # fmt: skip
     monkeypatch.setattr(allow, "conf_targets", lambda config_dir="": named)
 
 
@@ -223,3 +234,72 @@ def test_a_task_writing_only_its_loss_trains_evaluates_and_is_told_what_export_n
                                 ("predict", predict, "score(), prediction_header()")):  # fmt: skip
         with pytest.raises(UserError, match=rf"{entry} needs {re.escape(lacking)} of its module"):
             run(from_checkpoint(tmp_path, entry, last))
+
+
+def test_a_tensor_among_the_hyperparameters_resumes_and_a_changed_one_is_said(
+    tmp_path: Any, allowed: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`==` on two tensors is a tensor whose truth is ambiguous: the resume check compares
+    tensors by shape, dtype and values, and says which setting changed."""
+    from fasttrain.tasks import train
+
+    cfg = plain_run(tmp_path, 1)
+    cfg.model._target_ = f"{__name__}.LitWeighted"
+    train(cfg)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)["hyper_parameters"]["class_weights"]
+    assert torch.equal(saved, torch.linspace(1.0, 2.0, 10))
+    cfg = plain_run(tmp_path, 2)
+    cfg.model._target_ = f"{__name__}.LitWeighted"
+    with caplog.at_level(logging.WARNING):
+        train(cfg)  # the same weights: resumed, nothing said about them
+    assert torch.load(last, weights_only=True)["global_step"] == 10
+    assert "class_weights" not in caplog.text
+    cfg = plain_run(tmp_path, 3)
+    cfg.model._target_ = f"{__name__}.LitWeighted"
+    with open_dict(cfg):
+        cfg.model.weight_top = 3.0
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train(cfg)
+    assert torch.load(last, weights_only=True)["global_step"] == 15
+    assert "model.class_weights=" in caplog.text and "applies from here on" in caplog.text
+
+
+def test_settings_that_differ_compares_tensors_and_a_partials_arguments() -> None:
+    from fasttrain.checkpoints.resume import settings_that_differ
+
+    def kept(**hparams: Any) -> dict[str, Any]:  # as the checkpoint holds them
+        return loadable_hparams({"hyper_parameters": hparams})["hyper_parameters"]
+
+    weights = torch.ones(3)
+    sgd = functools.partial(torch.optim.SGD, lr=0.1)
+    saved = kept(w=weights, optimizer=sgd)
+    assert settings_that_differ(saved, {"w": weights.clone(), "optimizer": sgd}) == []
+    for other in (torch.ones(4), torch.ones(3, dtype=torch.float64), torch.zeros(3), [1.0] * 3):
+        (line,) = settings_that_differ(saved, {"w": other})
+        assert line.startswith("model.w=") and line.endswith("applies from here on"), line
+    (line,) = settings_that_differ(saved, {"optimizer": functools.partial(torch.optim.SGD, lr=0.2)})
+    assert line.startswith("model.optimizer.lr=0.2 (the checkpoint's: 0.1) is ignored"), line
+    big = settings_that_differ(kept(w=torch.ones(100)), {"w": torch.zeros(100)})
+    assert big == ["model.w=<float32 tensor of shape [100]> (the checkpoint's: <float32 tensor "
+                   "of shape [100]>) applies from here on"]  # fmt: skip
+
+
+def test_a_partials_positional_arguments_are_kept_and_rebuilt() -> None:
+    """A partial's positional arguments go into its spec as Hydra's `_args_` (with objects among
+    them made specs too): the rebuilt partial calls as the run's did."""
+    import math
+
+    from hydra.utils import instantiate
+
+    power = functools.partial(math.pow, 2.0)
+    nested = functools.partial(max, functools.partial(math.pow, 3.0), key=None)
+    hparams = loadable_hparams({"hyper_parameters": {"p": power, "n": nested}})["hyper_parameters"]
+    assert hparams["p"] == {"_target_": "math.pow", "_partial_": True, "_args_": [2.0]}
+    assert hparams["n"]["_args_"] == [{"_target_": "math.pow", "_partial_": True, "_args_": [3.0]}]
+    rebuilt = instantiate(hparams["p"])
+    assert rebuilt(5.0) == power(5.0) == 32.0
+    torch.save(hparams, buffer := __import__("io").BytesIO())
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True) == hparams

@@ -81,7 +81,7 @@ def _loadable(value: Any, where: str) -> Any:
         return tuple(kept) if isinstance(value, tuple) else kept
     spec = spec_of(value)
     if spec is not None:
-        return spec
+        return _loadable(spec, where)  # what a partial's arguments hold, made loadable too
     if where not in _said:
         _said.add(where)
         log.warning("%s: a %s object, left out of the checkpoint (a checkpoint holds no code); "

@@ -184,7 +184,7 @@ def _same_split(saved: Any, own: dict[str, Any], which: str) -> None:
     for key, value in own.items():
         if key in LOADER_ARGS or key in FREE_DATA or key == SPLIT_RECORD or key not in saved:
             continue
-        if _plain(saved[key]) != _plain(value):
+        if not _same(_plain(saved[key]), _plain(value)):
             via = " (set by seed=)" if key == "seed" else ""
             raise UserError(
                 f"{which} data.{key}={_plain(value)}{via} differs from the checkpoint's "
@@ -195,21 +195,50 @@ def _same_split(saved: Any, own: dict[str, Any], which: str) -> None:
 
 def settings_that_differ(saved: Any, own: dict[str, Any]) -> list[str]:
     """One line per model setting (flattened: optimizer.lr) whose value differs from the
-    checkpoint's: whether this run uses it or the checkpoint's state wins."""
+    checkpoint's: whether this run uses it or the checkpoint's state wins. This run's objects
+    (an optimizer partial, a net) are compared in the form the checkpoint keeps them
+    (fasttrain.checkpoints.io.loadable_hparams: their specs, a partial's positional args too)."""
+    from fasttrain.checkpoints.io import loadable_hparams
+
     if not isinstance(saved, dict):
         return []
-    old, new = _flat(saved), _flat(own)
+    kept = loadable_hparams({"hyper_parameters": own})["hyper_parameters"]
+    old, new = _flat(saved), _flat(kept)
     lines = []
     for key in sorted(old.keys() & new.keys()):
-        if old[key] == new[key] or key.endswith("_target_"):
+        if key.endswith("_target_") or _same(old[key], new[key]):
             continue
-        change = f"model.{key}={new[key]} (the checkpoint's: {old[key]})"
+        change = f"model.{key}={_shown(new[key])} (the checkpoint's: {_shown(old[key])})"
         if key.split(".")[0] in RESTORED:
             why = "the optimizer and lr schedule continue from the checkpoint's state"
             lines.append(f"{change} is ignored: {why}; start over (resume=never) to train with it")
         else:
             lines.append(f"{change} applies from here on")
     return lines
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal settings. Tensors by shape, dtype and values: `==` on one gives a tensor, whose
+    truth is ambiguous (a plain module may keep class weights among its hyperparameters)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        both = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        return both and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):  # an array's `==`, an object's own
+        return repr(a) == repr(b)
+
+
+def _shown(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.numel() > 8:
+        return f"<{str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}>"
+    return value
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -31,7 +31,10 @@ def spec_of(obj: Any) -> dict[str, Any] | None:
     if obj is None:
         return None
     if isinstance(obj, functools.partial):
-        return {"_target_": qualname(obj.func), "_partial_": True, **plain(obj.keywords)}
+        spec = {"_target_": qualname(obj.func), "_partial_": True, **plain(obj.keywords)}
+        if obj.args:  # Hydra passes `_args_` positionally
+            spec["_args_"] = plain(list(obj.args))
+        return spec
     hparams = getattr(obj, "hparams", None)
     if isinstance(obj, nn.Module) and hparams is not None:
         return {"_target_": qualname(type(obj)), **plain(hparams)}

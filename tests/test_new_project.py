@@ -399,3 +399,62 @@ def test_the_printed_cd_command_works_for_a_folder_with_spaces(
     done = subprocess.run(["bash", "-c", command.replace("make test", "pwd")],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == str(dest), done.stderr
+
+
+PLAIN_MODULE = '''"""A plain LightningModule, as lightning-hydra-template writes one."""
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+
+class LitPlain(L.LightningModule):
+    def __init__(self, net: torch.nn.Module, optimizer: Any) -> None:
+        super().__init__()
+        self.save_hyperparameters(logger=False, ignore=["net"])
+        self.net, self.optimizer = net, optimizer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.float())
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/loss", F.cross_entropy(self(x), y))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test/loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self) -> Any:
+        return self.optimizer(self.parameters())
+'''
+
+
+@pytest.mark.slow  # a process collecting the project's generic tests, one plain case (~40 s)
+def test_a_plain_module_in_conf_model_is_tested_as_any_module(
+    project: Path, tmp_path: Path
+) -> None:
+    """A plain LightningModule in the project's conf/model: the generic tests still collect
+    (no Task's attributes asked of it) and train, evaluate and resume it."""
+    own = tmp_path / "project"
+    shutil.copytree(project, own, symlinks=True)
+    (own / "src" / NEW / "lit_plain.py").write_text(PLAIN_MODULE)
+    (own / "conf" / "model" / "lit_plain.yaml").write_text(
+        f"defaults:\n  - _self_\n  - net: mlp\n  - optimizer: adamw\n\n"
+        f"_target_: {NEW}.lit_plain.LitPlain\n"
+    )
+    library = unpack_library(own, tmp_path / "lib")
+    proc = in_project(own, library, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                      "tests/test_fasttrain.py", "-k", "lit_plain")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert "test_a_plain_module_trains_evaluates_and_resumes" in in_project(
+        own, library, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider",
+        "tests/test_fasttrain.py", "-k", "lit_plain").stdout  # fmt: skip

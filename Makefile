@@ -17,6 +17,8 @@ TEST_WORKERS ?= logical
 PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # make tensorboard PORT=6007; make notebook NB_PORT=8889; make new-project NAME=acme_vision DEST=../acme_vision
 PORT ?= 6006
+# where runs go: $FASTTRAIN_ROOT/logs when it is set, else logs/ here (conf/paths)
+LOG_DIR ?= $(if $(strip $(FASTTRAIN_ROOT)),$(strip $(FASTTRAIN_ROOT))/logs,logs)
 NB_PORT ?= 8888
 NAME ?=
 DEST ?=
@@ -65,8 +67,8 @@ format: $(STAMP) ## ruff fix + format
 bench: $(STAMP) ## CPU benchmark: template vs hand-written loop -> bench/results/cpu.json
 	$(BIN)/python bench/overhead.py
 
-tensorboard: $(STAMP) ## serve logs/ on http://127.0.0.1:$(PORT) (PORT=6006), unsmoothed; every run listed by name
-	$(BIN)/python -m fasttrain.tools.board --logdir logs --host 127.0.0.1 --port $(PORT)
+tensorboard: $(STAMP) ## serve logs/ (FASTTRAIN_ROOT's logs/ where set) on http://127.0.0.1:$(PORT) (PORT=6006), unsmoothed; every run listed by name
+	$(BIN)/python -m fasttrain.tools.board --logdir "$(LOG_DIR)" --host 127.0.0.1 --port $(PORT)
 
 notebook: $(STAMP) ## open notebooks/ in JupyterLab on http://127.0.0.1:$(NB_PORT) (NB_PORT=8888; it prints the link with its token)
 	@# as root (a container), JupyterLab wants --allow-root; it still serves 127.0.0.1 only, behind its token

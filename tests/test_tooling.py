@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import REPO
@@ -41,3 +46,18 @@ def test_ci_runs_the_readme_commands_with_nothing_pre_installed() -> None:
     assert readme_commands == ["make train", "make test"]
     assert ci_commands[:2] == readme_commands  # first, and in the README's order
     assert not re.search(r"pip install|python3? -m venv", ci_run)  # the Makefile does that
+
+
+@pytest.mark.parametrize("folder", ["", "src/fasttrain/tools/scaffold"], ids=["repo", "project"])
+def test_make_tensorboard_serves_the_folder_runs_go_to(folder: str, tmp_path: Path) -> None:
+    """FASTTRAIN_ROOT moves logs/ (conf/paths); `make tensorboard` serves that one, not the
+    launch folder's (empty) logs/. Read from `make -n`: what it would run."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = tmp_path / "a root"
+    for value, logs in (("", "logs"), ("  ", "logs"), (str(root), f"{root}/logs")):
+        env = {**os.environ, "FASTTRAIN_ROOT": value}
+        proc = subprocess.run(["make", "-n", "-s", "-o", ".venv/.installed", "tensorboard"],
+                              cwd=REPO / folder, env=env, capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        assert f'--logdir "{logs}" --host 127.0.0.1' in proc.stdout, proc.stdout

@@ -238,3 +238,95 @@ if __name__ == "__main__":  # a quick look at one base: python tests/test_reliab
 
     for case, said in check_each(sys.argv[1], Path(tempfile.mkdtemp()), sample=False).items():
         print(f"{case:50} {said}")
+
+
+# ---- Ctrl-C outside fit -----------------------------------------------------------------------
+# The entry's task replaced by one that sends the process a real SIGINT (the terminal's Ctrl-C),
+# through the real handler, Hydra's job and `script`; `swallowed`: a library that catches the
+# KeyboardInterrupt and raises its own error instead (onnxruntime's import does).
+CTRL_C_TASK = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts it
+import fasttrain.tasks as tasks
+
+def interrupted(cfg):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+    except KeyboardInterrupt:
+        if sys.argv[2] == "swallowed":
+            raise ImportError("initialization failed") from None
+        raise
+
+setattr(tasks, {task!r}, interrupted)
+from fasttrain.cli import entry_points
+_, run = entry_points({entry!r}, interrupted)
+sys.argv[1:] = [sys.argv[1], "data.num_workers=0"]
+run()
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "swallowed"])
+@pytest.mark.parametrize(("entry", "task", "left"), [
+    ("eval", "evaluate", "no metrics written"),
+    ("export", "export", "no file or report written"),
+    ("predict", "predict", "no predictions written"),
+])  # fmt: skip
+def test_ctrl_c_in_evaluate_export_predict_is_one_line_and_exit_130(
+    entry: str, task: str, left: str, how: str, mlp_ckpt: Path, tmp_path: Path
+) -> None:
+    import subprocess
+
+    code = CTRL_C_TASK.format(task=task, entry=entry)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, f"ckpt_path={mlp_ckpt}", how, f"paths.log_dir={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith(f"stopped by Ctrl-C: {left}"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
+
+
+def test_ctrl_c_during_an_export_leaves_the_folder_as_it_was(
+    mlp_ckpt: Path, tmp_path: Path
+) -> None:
+    """A Ctrl-C while the written files are being checked: no file that no check has read, and
+    an earlier export's files and the report that vouches for them unchanged."""
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONF
+    from fasttrain.assemble.restore import restore
+    from fasttrain.deploy import EXPORTERS, Tolerance, export_and_verify
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        overrides = [f"ckpt_path={mlp_ckpt}", "data.num_workers=0", f"paths.root_dir={tmp_path}",
+                     f"paths.output_dir={tmp_path}/run"]  # fmt: skip
+        cfg = compose("export", overrides=overrides)
+    model, datamodule = restore(cfg)
+    example = next(iter(datamodule.test_dataloader()))[0]
+    out = tmp_path / "export"
+
+    def exported(batches: Any) -> dict:
+        return export_and_verify(model.net, model, [EXPORTERS["torchscript"]], example, batches,
+                                 out, __import__("torch").device("cpu"), Tolerance(),
+                                 latency_time=0.01)  # fmt: skip
+
+    exported(datamodule.test_dataloader())
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {EXPORTERS["torchscript"].filename, "export_report.json"}
+
+    def ctrl_c_midway() -> Any:
+        batches = iter(datamodule.test_dataloader())
+        yield next(batches)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        exported(ctrl_c_midway())
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no hidden file either
+    fresh = tmp_path / "fresh"
+    with pytest.raises(KeyboardInterrupt):
+        export_and_verify(model.net, model, [EXPORTERS["torchscript"]], example, ctrl_c_midway(),
+                          fresh, __import__("torch").device("cpu"), Tolerance(),
+                          latency_time=0.01)  # fmt: skip
+    assert not fresh.exists()  # the folder it made, gone with it

@@ -26,6 +26,7 @@ import functools
 import gc
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -44,6 +45,21 @@ log = logging.getLogger(__name__)
 USER_ERROR_EXIT = 2
 # Exit code for a run that diverged (DivergedError): it ran, but has not trained.
 DIVERGED_EXIT = 3
+# Exit code for Ctrl-C (128 + SIGINT), as a shell reports a process it interrupted.
+CTRL_C_EXIT = 130
+# What a Ctrl-C outside fit's own handling (fasttrain.fit: it saves last.ckpt first) leaves.
+INTERRUPTED = {
+    "train": "the run folder keeps the checkpoints saved so far",
+    "eval": "no metrics written",
+    "export": "no file or report written (a format is moved into place only once checked)",
+    "predict": "no predictions written",
+}
+_CTRL_C: list[int] = []  # the Ctrl-Cs the process (`script`) received
+
+
+def _note_ctrl_c(signum: int, frame: Any) -> None:
+    _CTRL_C.append(signum)
+    raise KeyboardInterrupt
 
 
 def entry(config_name: str, task: Callable[[Any], Any]) -> None:
@@ -225,13 +241,15 @@ def check_root() -> None:
                         "or unset it")  # fmt: skip
 
 
-def script(main: Callable[[], Any]) -> None:
+def script(main: Callable[[], Any], config_name: str = "") -> None:
     """`main` as the process itself (`python train.py`, `python -m fasttrain.evaluate`, the
     console scripts): a refusal (exit 2) ends the process at once. A normal exit first joins
     every non-daemon thread and runs every atexit handler, and one that a library or a user's
     sitecustomize left waiting (an uploader, a pool) keeps a refused run alive for minutes.
     Everything a refusal must do (one line, its undo, the lock released) is done by then.
-    In-process callers (tests, notebooks) call `main` and get SystemExit as usual.
+    In-process callers (tests, notebooks) call `main` and get SystemExit as usual. Ctrl-C
+    (outside fit, which saves first: fasttrain.fit) is one `stopped by Ctrl-C` line saying what
+    was left, and exit code 130, at once; in-process callers get KeyboardInterrupt.
 
     As the process itself, start-up runs without the cyclic garbage collector: importing
     torch, Lightning and the run's modules makes ~500k objects that live as long as the
@@ -243,27 +261,38 @@ def script(main: Callable[[], Any]) -> None:
     objects would never be freed."""
     global _AS_PROCESS
     _AS_PROCESS = True
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored (nohup)
+        signal.signal(signal.SIGINT, _note_ctrl_c)
     gc.disable()
     try:
         main()
+    except KeyboardInterrupt:
+        left = INTERRUPTED.get(config_name)
+        print("stopped by Ctrl-C" + (f": {left}" if left else ""), file=sys.stderr)
+        _exit_now(CTRL_C_EXIT)
     except SystemExit as err:
         if err.code not in (USER_ERROR_EXIT, DIVERGED_EXIT):
             raise
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        logging.shutdown()
-        os._exit(DIVERGED_EXIT if err.code == DIVERGED_EXIT else USER_ERROR_EXIT)
+        _exit_now(DIVERGED_EXIT if err.code == DIVERGED_EXIT else USER_ERROR_EXIT)
     finally:
         _AS_PROCESS = False
         gc.enable()
+
+
+def _exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    os._exit(code)
 
 
 def entry_points(config_name: str, task: Callable[[Any], Any]) -> tuple[Callable[[], None], ...]:
     """(main, run) of an entry point module: `main` for in-process callers (tests, notebooks),
     `run` for the process itself (`python -m ...`, the console scripts; see `script`)."""
     main = functools.partial(entry, config_name, task)
-    return main, functools.partial(script, main)
+    return main, functools.partial(script, main, config_name)
 
 
 def optimized_metric(result: Any, name: str | None) -> float | None:
@@ -302,6 +331,10 @@ def run_task(task: Callable[..., T], *args: Any, undo: Callable[[], None] | None
             raise
         print(f"diverged: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(DIVERGED_EXIT)
+    except Exception:
+        if _CTRL_C and not show_tracebacks():  # a library that made the Ctrl-C its own error
+            raise KeyboardInterrupt from None  # (onnxruntime's import: "initialization failed")
+        raise
 
 
 def one_line(err: UserError) -> str:

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,6 @@ import torch
 from torch import nn
 
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import EXPORTERS, Exporter, torch_runner
 from fasttrain.deploy.verify import OutputChecks, Tolerance, print_report, verify, write_report
 
@@ -134,30 +134,45 @@ def export_and_verify(
     net = copy.deepcopy(net).cpu().eval()
     rows: dict[str, dict[str, Any]] = {"eager": {"file": None, "size_bytes": param_bytes(net)}}
     candidates = {"eager": (torch_runner(copy.deepcopy(net), device), device)}
-    for exporter in exporters:
-        reason = exporter.skip_reason(net)
-        if reason:
-            rows[exporter.name] = {"skipped": reason}
-            continue
-        path = out_dir / exporter.filename
-        with atomic_path(path) as tmp:
+    # Each file is written and checked under a hidden name, and moved into place only with
+    # its report: a Ctrl-C or a crash on the way leaves the folder as it was (an older file and
+    # the report that vouches for it included), never a file no check has read.
+    staged: dict[Path, Path] = {}
+    created = not out_dir.exists()
+    try:
+        for exporter in exporters:
+            reason = exporter.skip_reason(net)
+            if reason:
+                rows[exporter.name] = {"skipped": reason}
+                continue
+            path = out_dir / exporter.filename
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staged[path] = tmp = path.with_name(f".{path.name}.{os.getpid()}.unchecked")
             info = exporter.write(net, example, tmp, metadata or {})
-        rows[exporter.name] = {"file": exporter.filename, "size_bytes": path.stat().st_size, **info}
-        candidates[exporter.name] = exporter.load(path, device)
-    results = verify(net, checks, candidates, batches, latency_time)
-    score = checks.score()[0]
-    fp32_score = results["eager"][score]
-    for name, result in results.items():
-        rows[name].update(result)
-        if name in EXPORTERS:
-            criterion = EXPORTERS[name].criterion
-            passed, target = tolerance.judge(criterion, rows[name], fp32_score, score)
-            rows[name].update(passed=passed, target=target)
-    report = {
-        "checkpoint": source, DIGEST_KEY: digest, "output_dir": str(out_dir),
-        "device": str(device), "test_samples": results["eager"]["samples"], "score": score,
-        "input": metadata or {}, "formats": merged(out_dir, source, rows, digest),
-    }  # fmt: skip
-    write_report(out_dir / REPORT_NAME, report)
+            rows[exporter.name] = {"file": exporter.filename, "size_bytes": tmp.stat().st_size,
+                                   **info}  # fmt: skip
+            candidates[exporter.name] = exporter.load(tmp, device)
+        results = verify(net, checks, candidates, batches, latency_time)
+        score = checks.score()[0]
+        fp32_score = results["eager"][score]
+        for name, result in results.items():
+            rows[name].update(result)
+            if name in EXPORTERS:
+                criterion = EXPORTERS[name].criterion
+                passed, target = tolerance.judge(criterion, rows[name], fp32_score, score)
+                rows[name].update(passed=passed, target=target)
+        report = {
+            "checkpoint": source, DIGEST_KEY: digest, "output_dir": str(out_dir),
+            "device": str(device), "test_samples": results["eager"]["samples"], "score": score,
+            "input": metadata or {}, "formats": merged(out_dir, source, rows, digest),
+        }  # fmt: skip
+        for path, tmp in staged.items():
+            os.replace(tmp, path)
+        write_report(out_dir / REPORT_NAME, report)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
     print_report(report)
     return report

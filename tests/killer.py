@@ -6,6 +6,7 @@ Added to a run by override, with tests/ on PYTHONPATH:
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from typing import Any, Literal
@@ -16,6 +17,10 @@ from lightning.pytorch.callbacks import Callback
 
 def _die(*_: Any) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _no_space(*_: Any) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _term_then(replace: Any) -> Any:
@@ -41,7 +46,8 @@ class Killer(Callback):
     - "raise": raise an exception at the end of the step (a crash of this rank);
     - "raise_in_step": raise an exception as the next step starts (a bad batch, say);
     - "raise_in_backward": raise one in the next step's backward (inside the optimizer step);
-    - "nan_grad": put a NaN into the first gradient of that step.
+    - "nan_grad": put a NaN into the first gradient of that step;
+    - "disk_full": from then on every file flushed to disk fails as on a full disk (ENOSPC).
     """
 
     def __init__(
@@ -59,6 +65,7 @@ class Killer(Callback):
             "raise_in_step",
             "raise_in_backward",
             "nan_grad",
+            "disk_full",
         ] = "step",
         rank: int | None = None,
     ) -> None:
@@ -103,3 +110,5 @@ class Killer(Callback):
             raise RuntimeError(f"injected failure on rank {trainer.global_rank}")
         elif self.mode == "step":
             _die()
+        elif self.mode == "disk_full":
+            os.fsync = _no_space

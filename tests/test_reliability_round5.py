@@ -330,3 +330,62 @@ def test_ctrl_c_during_an_export_leaves_the_folder_as_it_was(
                           fresh, __import__("torch").device("cpu"), Tolerance(),
                           latency_time=0.01)  # fmt: skip
     assert not fresh.exists()  # the folder it made, gone with it
+
+
+# ---- a full disk, a failed sweep job ----------------------------------------------------------
+TESTS = str(Path(__file__).parent)
+SHORT_RUN = ["model=mlp", "data.num_workers=0", "data.batch_size=128", "trainer.max_epochs=2",
+             "callbacks.checkpoint.every_n_train_steps=3", "callbacks.progress_bar=null",
+             "test=false", "logger=none"]  # fmt: skip
+
+
+def killer(at_step: int, mode: str) -> list[str]:
+    return ["+callbacks.killer._target_=killer.Killer", f"+callbacks.killer.at_step={at_step}",
+            f"+callbacks.killer.mode={mode}"]  # fmt: skip
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_command_that_continues(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    proc = run_cli(["train.py", *SHORT_RUN, "run_name=R", *killer(4, "disk_full")], tmp_path,
+                   PYTHONPATH=TESTS)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1]
+    checkpoints = tmp_path / "train" / "R" / "checkpoints"
+    assert line.startswith(f"error: the disk is full writing {checkpoints}/"), line
+    assert "(No space left on device): free some space, or set paths.log_dir" in line
+    assert f"the newest checkpoint is {checkpoints}/last.ckpt" in line and "run_name=R" in line
+    # the save that failed left its complete predecessor and no temporary file
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_failed_sweep_jobs_line_gives_the_command_that_continues_it(tmp_path: Path) -> None:
+    """A sweep job has no fixed run_name: "resume=auto" finds nothing; the line gives the job's
+    own folder, and that command continues the job from the step it failed at."""
+    import shlex
+    import subprocess
+
+    import torch
+
+    proc = run_cli(["train.py", "-m", "seed=1", *SHORT_RUN, *killer(4, "raise")], tmp_path,
+                   PYTHONPATH=TESTS)  # fmt: skip
+    assert proc.returncode == 1
+    (line,) = [ln for ln in proc.stderr.splitlines() if "the run failed at step 4" in ln]
+    assert "saved " in line and "; continue with: " in line, line
+    command = shlex.split(line.split("; continue with: ", 1)[1])
+    assert "hydra.mode=RUN" in command and any(a.startswith("hydra.run.dir=") for a in command)
+    value = next(a for a in command if a.startswith("hydra.run.dir=")).split("=", 1)[1]
+    job = Path(value.strip("'"))  # quoted for Hydra's override parser
+    job = job if job.is_absolute() else REPO / job
+    assert (job / "checkpoints" / "on_exception.ckpt").is_file()
+    env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": TESTS}
+    again = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Restoring states from the checkpoint path at" in again.stderr + again.stdout
+    last = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 20  # 2 epochs of 10 batches: the job finished

@@ -56,20 +56,20 @@ class CrashCheckpoint(Checkpoint):
         if isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
         reason = _not_saved_because(trainer, pl_module, exception)
-        step = trainer.global_step
+        step, failed = trainer.global_step, type(exception).__name__
         if reason is None:
             _forget_unfinished_batch(trainer)
             try:
                 trainer.save_checkpoint(self.ckpt_path, weights_only=False)  # None: an info line
             except Exception as error:  # a full disk, say: the run's own failure is the news
-                log.warning("the run failed at step %d (%s): nothing saved (the save failed: %s)",
-                            step, type(exception).__name__, error)  # fmt: skip
+                log.warning("the run failed at step %d (%s): nothing saved (the save failed: %s); "
+                            "%s", step, failed, error, _continue(None))  # fmt: skip
                 return
-            log.warning("the run failed at step %d (%s): saved %s, where resume=auto continues",
-                        step, type(exception).__name__, shown(self.ckpt_path))  # fmt: skip
+            # the command, not "resume=auto": a sweep job's folder is found by no run_name
+            log.warning("the run failed at step %d (%s): saved %s; %s", step, failed,
+                        shown(self.ckpt_path), _continue(self.ckpt_path))  # fmt: skip
         elif reason:
-            log.warning("the run failed at step %d (%s): nothing saved (%s)",
-                        step, type(exception).__name__, reason)  # fmt: skip
+            log.warning("the run failed at step %d (%s): nothing saved (%s)", step, failed, reason)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Not after every stage, as Lightning's OnExceptionCheckpoint does: a tuner's fit
@@ -80,6 +80,15 @@ class CrashCheckpoint(Checkpoint):
         if path.is_file() and any(other.stat().st_mtime > path.stat().st_mtime
                                   for other in path.parent.glob("*.ckpt")):  # fmt: skip
             trainer.strategy.remove_checkpoint(self.ckpt_path)
+
+
+def _continue(saved: str | None) -> str:
+    from fasttrain.checkpoints.resume import how_to_continue
+
+    try:
+        return how_to_continue(saved)
+    except Exception as error:  # the failure is the news, not the hint
+        return f"(no command to continue: {error})"
 
 
 def _forget_unfinished_batch(trainer: Any) -> None:

@@ -110,6 +110,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(tmp, target)
+        except OSError as err:
+            Path(tmp).unlink(missing_ok=True)
+            if err.filename is None:  # a write's error names no file: the checkpoint it was
+                raise OSError(err.errno, err.strerror, str(target)) from err
+            raise
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -1,9 +1,10 @@
 """Every entry point goes through `entry(config_name, task)`: a fast `--help`, the command line
 checked before Hydra writes anything, the run folder claimed, the task run inside Hydra, and the
-exit codes: 0 done, 1 a crash (traceback), 2 bad input (one `error:` line, nothing written or
-lost), 3 diverged (one `diverged:` line: a NaN/inf gradient, or a non-finite validation or test
-loss; the run folder keeps its last finite checkpoints), 143/130 stopped by SIGTERM/Ctrl-C
-(fasttrain.fit).
+exit codes: 0 done, 1 a crash (a traceback; a full disk: one `error:` line), 2 bad input (one
+`error:` line, nothing written or lost), 3 diverged (one `diverged:` line: a NaN/inf gradient,
+or a non-finite validation or test loss; the run folder keeps its last finite checkpoints),
+143/130 stopped by SIGTERM/Ctrl-C (fasttrain.fit; Ctrl-C elsewhere: one `stopped by Ctrl-C`
+line).
 
 Before Hydra starts: every job's config is composed and checked (config/overrides.py) and
 what it configures is built and thrown away (`construct_each`, cli/build.py), so a bad value
@@ -22,6 +23,7 @@ copies its config repository once per group it lists (~0.6 s more on a 2-core ma
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import gc
 import logging
@@ -331,10 +333,35 @@ def run_task(task: Callable[..., T], *args: Any, undo: Callable[[], None] | None
             raise
         print(f"diverged: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(DIVERGED_EXIT)
+    except OSError as err:
+        if err.errno not in _DISK_FULL or show_tracebacks():
+            raise
+        print(f"error: {disk_full(err)}", file=sys.stderr)
+        sys.exit(1)
     except Exception:
         if _CTRL_C and not show_tracebacks():  # a library that made the Ctrl-C its own error
             raise KeyboardInterrupt from None  # (onnxruntime's import: "initialization failed")
         raise
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(err: OSError) -> str:
+    """One line for a full disk (or quota), whose traceback would say nothing more: where, what
+    to do, and for a training run the command that continues it (its newest complete checkpoint
+    stays: saves are atomic)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    where = f" writing {shown(err.filename)}" if err.filename else ""
+    line = (f"the disk is full{where} ({err.strerror}): free some space, or set paths.log_dir "
+            "to a disk with room")  # fmt: skip
+    if HydraConfig.initialized() and HydraConfig.get().job.config_name == "train":
+        from fasttrain.checkpoints.resume import how_to_continue
+
+        with contextlib.suppress(Exception):
+            line += f"; then {how_to_continue(None)}"
+    return line
 
 
 def one_line(err: UserError) -> str:

@@ -389,3 +389,60 @@ def test_a_failed_sweep_jobs_line_gives_the_command_that_continues_it(tmp_path: 
     assert "Restoring states from the checkpoint path at" in again.stderr + again.stdout
     last = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 20  # 2 epochs of 10 batches: the job finished
+
+
+# ---- the accepted hostile values, run -----------------------------------------------------------
+# A short run: one epoch of at most 3 steps, the hostile override last (it wins over these; the
+# other limit still bounds the run).
+SHORT_TRAIN = ["trainer.max_epochs=1", "trainer.max_steps=3", "trainer.limit_train_batches=3",
+               "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
+               "data.num_workers=0", "logger=none"]  # fmt: skip
+
+
+def ran(base: str, override: str, tmp_path: Path) -> str:
+    """ "finished" (every metric finite) or "diverged" (DivergedError: the `diverged:` line and
+    exit 3 on the command line); anything else propagates."""
+    import math
+
+    from practices import compose_train
+
+    from fasttrain.config.errors import DivergedError
+    from fasttrain.tasks import train
+
+    _, argv = base_argv(base, tmp_path)
+    cfg = compose_train(tmp_path, *argv, *SHORT_TRAIN, override, quick=False)
+    try:
+        metrics = train(cfg)
+    except DivergedError:
+        return "diverged"
+    assert metrics and all(math.isfinite(v) for v in metrics.values()), (override, metrics)
+    return "finished"
+
+
+def accepted(base: str, tmp_path: Path) -> list[str]:
+    return [k for k, v in check_each(base, tmp_path, sample=False).items() if v == "accepted"]
+
+
+# a sample in the default run: the ones most likely to break a run's end (no "best" to test)
+SAMPLED_RUNS = ["callbacks.best.save_top_k=0", "callbacks.checkpoint.save_top_k=0",
+                "callbacks.progress_bar.refresh_rate=-1", "callbacks.grad_monitor.norm_type=1e12",
+                "trainer.max_steps=-1", "trainer.min_epochs=-1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("override", SAMPLED_RUNS)
+def test_an_accepted_hostile_value_runs_to_finite_metrics_or_diverges(
+    override: str, tmp_path: Path
+) -> None:
+    assert outcome("train", [override]) == "accepted"  # else the sample is stale: refresh it
+    assert ran("train", override, tmp_path) in ("finished", "diverged")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", SAMPLED)
+def test_every_accepted_hostile_value_runs_to_finite_metrics_or_diverges(
+    base: str, tmp_path: Path
+) -> None:
+    ends = {}
+    for i, override in enumerate(accepted(base, tmp_path)):
+        ends[override] = ran(base, override, tmp_path / str(i))
+    assert "finished" in ends.values(), ends

@@ -290,7 +290,7 @@ def _check_optimizer(node: DictConfig, path: str) -> None:
 
 # What the task fills in when it builds a scheduler factory (models/optim_plan.py), for one
 # built here on a stand-in optimizer: a short run's length and the optimizer's lr as the peak.
-_SCHEDULER_STAND_INS = {"T_max": 10, "total_steps": 10, "max_lr": 1.0}
+_SCHEDULER_STAND_INS: dict[str, Any] = {"T_max": 10, "total_steps": 10, "max_lr": 1.0}
 
 
 def _check_scheduler(node: DictConfig, path: str) -> None:

@@ -244,3 +244,71 @@ def test_help_and_import_stay_free_of_torch() -> None:
     code = "import sys, fasttrain.cli, fasttrain.tasks; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# The modules a run loads, listed at its exit: the batteries a config does not name stay out.
+LOADED = """
+import atexit, json, runpy, sys
+def said():
+    names = sorted(m for m in sys.modules if m == "fasttrain" or m.startswith("fasttrain."))
+    lines = sum(len(open(sys.modules[m].__file__).readlines()) for m in names
+                if getattr(sys.modules[m], "__file__", None))
+    print("LOADED " + json.dumps({"modules": names, "lines": lines}))
+atexit.register(said)
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+# never in a run that does not name them (or, for the error path and --help, that works)
+BATTERIES = {
+    "models.language_model",
+    "models.regressor",
+    "models.schedules",
+    "models.nets.gpt",
+    "models.nets.gpt_blocks",
+    "models.nets.resnet",
+    "models.nets.mlp",
+    "distributed.dp",
+    "config.explain",
+    "cli.help",
+    "data.text",
+    "data.corpus",
+    "data.tokenizer",
+    "data.cifar10",
+    "data.images",
+    "data.image_folder",
+    "data.shards",
+    "callbacks.mlflow_run",
+    "callbacks.wandb_run",
+    "deploy",
+}  # fmt: skip  (deploy: all of it)
+# today's counts, as a ratchet (issue target: <= 35 modules, <= 6,000 lines)
+MOST_MODULES, MOST_LINES = 52, 8400
+
+
+def loaded(tmp_path: Path, *overrides: str) -> tuple[set[str], int]:
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADED, "debug=fast_dev_run", f"paths.log_dir={tmp_path}",
+         "logger=none", *overrides],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("LOADED ")]
+    found = __import__("json").loads(line.removeprefix("LOADED "))
+    return {m.removeprefix("fasttrain.") for m in found["modules"]}, found["lines"]
+
+
+def batteries_in(names: set[str]) -> list[str]:
+    return sorted(n for n in names if n in BATTERIES or n.split(".")[0] in BATTERIES)
+
+
+def test_a_run_loads_the_core_and_the_batteries_its_config_names(tmp_path: Path) -> None:
+    default, lines = loaded(tmp_path)
+    assert not batteries_in(default), batteries_in(default)
+    assert len(default) <= MOST_MODULES and lines <= MOST_LINES, (len(default), lines)
+    gpt, _ = loaded(tmp_path, "model=gpt", "data=text")
+    assert {"models.language_model", "models.nets.gpt", "data.text"} <= gpt
+    assert not gpt & {"models.classifier", "models.nets.cnn", "data.digits", "distributed.dp"}
+    # the language model's battery and its data set's, nothing else
+    added = gpt - default
+    assert all(n.startswith(("models.", "data.")) for n in added), sorted(added)

@@ -31,7 +31,6 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, OmegaConf
 
-import fasttrain.distributed.dp  # noqa: F401  (registers `dp` before any Trainer is built)
 from fasttrain.assemble.monitors import OptimizedMetric, check_modes, config_keys, never_logged
 from fasttrain.checkpoints.io import AtomicCheckpointIO, ModelSpec
 from fasttrain.checkpoints.state import ResumeState, confine_restored_paths
@@ -200,6 +199,8 @@ ClipAlgorithm = Literal["norm", "value"]
 
 
 def strategy_names() -> list[str]:
+    import fasttrain.distributed.dp  # noqa: F401  (registers `dp`: a battery, loaded when named)
+
     return ["auto", *StrategyRegistry.available_strategies()]
 
 
@@ -266,7 +267,9 @@ class Trainer(L.Trainer):
         gradient_clip_algorithm: ClipAlgorithm | None = None,
         **kwargs: Any,
     ) -> None:
-        if isinstance(strategy, str) and strategy.lower() not in strategy_names():
+        named = strategy.lower() if isinstance(strategy, str) else "auto"
+        known = named == "auto" or named in StrategyRegistry.available_strategies()
+        if not known and named not in strategy_names():  # which registers `dp`, if named
             raise ConfigError(
                 "strategy", strategy, f"expected one of {', '.join(strategy_names())}"
             )

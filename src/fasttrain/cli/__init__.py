@@ -37,7 +37,6 @@ from fasttrain import CONFIG_DIR, shown
 from fasttrain.cli.build import build_checked, construct_each
 from fasttrain.cli.claim import LOCK_FILE as LOCK_FILE  # tests import it from here
 from fasttrain.cli.claim import RunClaim, claim_run_dir
-from fasttrain.cli.help import print_app_help, wants_app_help
 from fasttrain.config.errors import DivergedError, UserError
 
 T = TypeVar("T")
@@ -64,11 +63,31 @@ def _note_ctrl_c(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+# Flags that must keep Hydra's own behaviour (its help about Hydra itself, shell completion...).
+_HYDRA_FLAGS = (
+    "--hydra-help",
+    "--cfg",
+    "-c",
+    "--info",
+    "--shell-completion",
+    "-sc",
+    "--run",
+    "-m",
+    "--multirun",
+)
+
+
+def wants_app_help(argv: list[str]) -> bool:
+    return "--help" in argv or ("-h" in argv and not any(a in _HYDRA_FLAGS for a in argv))
+
+
 def entry(config_name: str, task: Callable[[Any], Any]) -> None:
     """Run `task(cfg)` on conf/<config_name>.yaml composed with the command line."""
     argv = sys.argv[1:]
     run_task(check_root)
     if wants_app_help(argv):
+        from fasttrain.cli.help import print_app_help  # only then
+
         print_app_help(config_name, argv)
         return
     from fasttrain.config.overrides import check_command_line

@@ -8,23 +8,6 @@ from pathlib import Path
 
 from fasttrain import CONFIG_DIR
 
-# Flags that must keep Hydra's own behaviour (its help about Hydra itself, shell completion...).
-_HYDRA_FLAGS = (
-    "--hydra-help",
-    "--cfg",
-    "-c",
-    "--info",
-    "--shell-completion",
-    "-sc",
-    "--run",
-    "-m",
-    "--multirun",
-)
-
-
-def wants_app_help(argv: list[str]) -> bool:
-    return "--help" in argv or ("-h" in argv and not any(a in _HYDRA_FLAGS for a in argv))
-
 
 def config_groups(root: Path = Path(CONFIG_DIR)) -> dict[str, list[str]]:
     """{"model/net": ["mlp", "small_cnn"], ...}: each folder with YAML files is a group."""

@@ -35,7 +35,6 @@ from omegaconf import OmegaConf
 
 from fasttrain import CONFIG_DIR
 from fasttrain.config.errors import UserError
-from fasttrain.config.explain import bad_syntax, explain, first_line
 
 # Up to this many jobs a sweep is checked combination by combination; beyond, each value once.
 _FULL_GRID = 8
@@ -168,6 +167,8 @@ def _parse(overrides: list[str]) -> list[Any]:
     try:
         return list(OverridesParser.create().parse_overrides(overrides))
     except HydraException as err:
+        from fasttrain.config.explain import bad_syntax, first_line
+
         raise UserError(bad_syntax(overrides) or first_line(err)) from None
 
 
@@ -180,6 +181,8 @@ def _check_job(config_name: str, overrides: list[str], argv: list[str], multirun
         cfg = _compose(config_name, overrides, hydra=True)
     except HydraException as err:
         keys_at = functools.partial(_keys_at, config_name)
+        from fasttrain.config.explain import explain
+
         raise UserError(explain(err, config_name, argv, keys_at)) from None
     _as_in_a_run(cfg, multirun)
     if not values:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from fasttrain.config.errors import UserError
+from fasttrain.models.protocols import takes_hidden_matrices
 
 MUON_KEY = "muon"  # a param group's key: True for the groups Muon updates
 
@@ -200,12 +201,6 @@ def _as_groups(params: Iterable[Any]) -> list[dict[str, Any]]:
     if items and not isinstance(items[0], dict):
         return [{"params": items}]
     return [dict(g) for g in items]
-
-
-def takes_hidden_matrices(factory: Any) -> bool:
-    """Whether an optimizer factory (a partial) builds an optimizer that wants the hidden
-    matrices' param groups marked."""
-    return bool(getattr(getattr(factory, "func", factory), "takes_hidden_matrices", False))
 
 
 def hidden_matrices(net: nn.Module) -> list[nn.Parameter]:

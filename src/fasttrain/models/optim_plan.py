@@ -18,7 +18,7 @@ from torch import nn
 
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.settings import RUN_LENGTH_ARGS
-from fasttrain.models.muon import mark_hidden_matrices, takes_hidden_matrices
+from fasttrain.models.protocols import takes_hidden_matrices
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
@@ -52,6 +52,8 @@ class OptimizerPlan(L.LightningModule):
         factory = self._clippable(self.optimizer_factory)
         groups = self.param_groups()
         if takes_hidden_matrices(factory):  # Muon's groups apart (fasttrain.models.muon)
+            from fasttrain.models.muon import mark_hidden_matrices
+
             groups = mark_hidden_matrices(groups, self.net)
         optimizer = factory(groups)
         self._scale_lr(optimizer)

@@ -40,9 +40,14 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMetric
 
 from fasttrain.config.errors import ConfigError
-from fasttrain.models.muon import check_net_has_hidden_matrices
-from fasttrain.models.optim_plan import LrScaling, OptimizerFactory, OptimizerPlan, SchedulerFactory
+from fasttrain.models.optim_plan import (
+    LrScaling,
+    OptimizerFactory,
+    OptimizerPlan,
+    SchedulerFactory,
+)
 from fasttrain.models.optim_plan import scale_lr as scale_lr  # classifier imports it from here
+from fasttrain.models.protocols import takes_hidden_matrices
 from fasttrain.models.spec import qualname, spec_of
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -182,7 +187,10 @@ class Task(OptimizerPlan):
         if channels_last:
             # 4-D weights only; others unchanged. torch's stubs lack Module.to(memory_format=).
             net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        check_net_has_hidden_matrices(optimizer, net)  # Muon: before anything is written
+        if takes_hidden_matrices(optimizer):  # Muon: checked before anything is written
+            from fasttrain.models.muon import check_net_has_hidden_matrices
+
+            check_net_has_hidden_matrices(optimizer, net)
         if compile:
             net.compile()  # in place: state_dict keys stay those of the plain net
         self.net = net

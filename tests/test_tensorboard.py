@@ -595,3 +595,18 @@ def test_results_every_task_has_come_first_in_a_folder_of_mixed_tasks() -> None:
     assert verdict_tag("val/acc") == "verdict/task/task/val/acc"  # outside a run: a plain group
     assert verdict_tag("perf/samples_per_sec") is None  # a window's value, not the summary
     assert verdict_tag("train/loss_step", "classifier") is None
+
+
+def test_a_run_writes_one_event_file_per_tensorboard_run(log_dir: Path) -> None:
+    """One file for the curves, one for the HPARAMS session, whatever stages the run has (fit,
+    then test): TensorBoard reads a folder's files in the order of their names, which a
+    per-process counter ends (.9, .10, ...) and it sorts as text, so files of one run written
+    in one second by a process that wrote others before (a sweep's jobs) read out of order,
+    and it drops what it takes for a restart."""
+    from fasttrain.callbacks.board import SESSION_RUN
+
+    for run in run_dirs(log_dir):
+        for folder in (run, run / SESSION_RUN):
+            files = sorted(p.name for p in folder.glob("events.out.tfevents.*"))
+            # the resumed run: one per process that wrote it (two)
+            assert len(files) == (2 if run.name == "resumed" else 1), (folder, files)

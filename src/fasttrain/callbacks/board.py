@@ -230,7 +230,16 @@ class RunLogger(TensorBoardLogger):
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
+        # Lightning finalizes after fit and again after test: the session's writer stays open
+        # until the session ends (close_session), one event file for the run. Reopened per
+        # stage it wrote three, named by a per-process counter that TensorBoard sorts as text:
+        # written in one second at counts 9, 10, 11 (a sweep's short jobs, one process), it
+        # reads 10 and 11 first, takes 9's earlier steps for a restart and drops the results.
         super().finalize(status)
+        if self._session is not None:
+            self._session.flush()
+
+    def close_session(self) -> None:
         if self._session is not None:
             self._session.close()
             self._session = None

@@ -155,6 +155,9 @@ def end_session(loggers: Sequence[Logger], final: Mapping[str, float], step: int
     for writer in _writers(loggers):
         writer.add_summary(summary, global_step=step)
         writer.flush()
+    for logger in loggers:
+        if isinstance(logger, RunLogger):
+            logger.close_session()
 
 
 def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:

@@ -210,7 +210,9 @@ def test_config_composes_and_instantiates(rel: str, tmp_path: Path) -> None:
         torch.save(recorded["hyper_parameters"], blob)
         blob.seek(0)
         assert torch.load(blob, weights_only=True) == recorded["hyper_parameters"]
-        if follows_contract(rel.removeprefix("model/").removesuffix(".yaml")):
+        from fasttrain.models.task import Task
+
+        if isinstance(model, Task):  # records plain values itself
             assert recorded["hyper_parameters"] == dict(model.hparams)
     if rel in NEEDS_CUDA and not torch.cuda.is_available():
         # The CUDA-only piece is the trainer (trainer=gpu) or a callback (debug=nvtx).

@@ -369,3 +369,18 @@ def how_to_continue(saved: str | None) -> str:
     if found:
         return f"the newest checkpoint is {shown(found)}; continue from it with: {command}"
     return f"no checkpoint to continue from; start over with: {command}"
+
+
+def disk_full(err: OSError) -> str:
+    """One line for a full disk (or quota), whose traceback would say nothing more: where, what
+    to do, and for a training run the command that continues it (its newest complete checkpoint
+    stays: saves are atomic)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    where = f" writing {shown(err.filename)}" if err.filename else ""
+    line = (f"the disk is full{where} ({err.strerror}): free some space, or set paths.log_dir "
+            "to a disk with room")  # fmt: skip
+    if HydraConfig.initialized() and HydraConfig.get().job.config_name == "train":
+        with contextlib.suppress(Exception):
+            line += f"; then {how_to_continue(None)}"
+    return line

@@ -64,17 +64,8 @@ def _note_ctrl_c(signum: int, frame: Any) -> None:
 
 
 # Flags that must keep Hydra's own behaviour (its help about Hydra itself, shell completion...).
-_HYDRA_FLAGS = (
-    "--hydra-help",
-    "--cfg",
-    "-c",
-    "--info",
-    "--shell-completion",
-    "-sc",
-    "--run",
-    "-m",
-    "--multirun",
-)
+_HYDRA_FLAGS = ("--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc", "--run",
+                "-m", "--multirun")  # fmt: skip
 
 
 def wants_app_help(argv: list[str]) -> bool:
@@ -353,34 +344,16 @@ def run_task(task: Callable[..., T], *args: Any, undo: Callable[[], None] | None
         print(f"diverged: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(DIVERGED_EXIT)
     except OSError as err:
-        if err.errno not in _DISK_FULL or show_tracebacks():
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT) or show_tracebacks():
             raise
+        from fasttrain.checkpoints.resume import disk_full
+
         print(f"error: {disk_full(err)}", file=sys.stderr)
         sys.exit(1)
     except Exception:
         if _CTRL_C and not show_tracebacks():  # a library that made the Ctrl-C its own error
             raise KeyboardInterrupt from None  # (onnxruntime's import: "initialization failed")
         raise
-
-
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def disk_full(err: OSError) -> str:
-    """One line for a full disk (or quota), whose traceback would say nothing more: where, what
-    to do, and for a training run the command that continues it (its newest complete checkpoint
-    stays: saves are atomic)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    where = f" writing {shown(err.filename)}" if err.filename else ""
-    line = (f"the disk is full{where} ({err.strerror}): free some space, or set paths.log_dir "
-            "to a disk with room")  # fmt: skip
-    if HydraConfig.initialized() and HydraConfig.get().job.config_name == "train":
-        from fasttrain.checkpoints.resume import how_to_continue
-
-        with contextlib.suppress(Exception):
-            line += f"; then {how_to_continue(None)}"
-    return line
 
 
 def one_line(err: UserError) -> str:

@@ -40,12 +40,7 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMetric
 
 from fasttrain.config.errors import ConfigError
-from fasttrain.models.optim_plan import (
-    LrScaling,
-    OptimizerFactory,
-    OptimizerPlan,
-    SchedulerFactory,
-)
+from fasttrain.models.optim_plan import LrScaling, OptimizerFactory, OptimizerPlan, SchedulerFactory
 from fasttrain.models.optim_plan import scale_lr as scale_lr  # classifier imports it from here
 from fasttrain.models.protocols import takes_hidden_matrices
 from fasttrain.models.spec import qualname, spec_of

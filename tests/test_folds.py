@@ -16,7 +16,7 @@ from conftest import CONF, final_metrics, run_cli
 from fasttrain.assemble import build
 from fasttrain.config.errors import UserError
 from fasttrain.data.folds import fold_indices
-from fasttrain.tools.crossval import summarize
+from fasttrain.tools.cv_summary import summarize
 
 
 def data_module(*overrides: str):
@@ -149,7 +149,7 @@ def test_summary_gives_mean_std_and_per_fold_values(tmp_path: Path) -> None:
 
 
 def test_folds_not_run_or_run_twice_are_said(tmp_path: Path) -> None:
-    from fasttrain.tools.crossval import fold_warnings
+    from fasttrain.tools.cv_summary import fold_warnings
 
     for num, fold in enumerate([0, 1, 1]):
         write_job(tmp_path, num, fold, {"test/acc": 0.5 + num / 10}, num_folds=4)

@@ -488,7 +488,7 @@ def test_the_view_opens_on_the_pinned_charts_in_a_browser(server: str) -> None:
 
 
 def test_long_overrides_keep_every_value() -> None:
-    from fasttrain import MAX_OVERRIDES, short_overrides
+    from fasttrain.config.resolvers import MAX_OVERRIDES, short_overrides
 
     given = ",".join([
         "data.batch_size=64", "model.net.hidden=[256,128,64]",

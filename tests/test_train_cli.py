@@ -240,7 +240,7 @@ def test_a_key_given_twice_names_the_run_by_the_value_used(tmp_path: Path) -> No
                                            "seed=3", "data.batch_size=16"])  # fmt: skip
     assert checked.run is not None and checked.run.seed == 3
     assert Path(checked.run_dir).name.endswith("_data.batch_size=16,model=mlp,seed=3")
-    from fasttrain import _last_of_each_key
+    from fasttrain.config.resolvers import _last_of_each_key
 
     typed = ["model.net.hidden=[64,32]", "seed=1", "seed=1"]  # a value with commas; one repeat
     assert _last_of_each_key("model.net.hidden=[64,32],seed=1,seed=1", typed) == (

@@ -24,13 +24,13 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fasttrain import shown
 from fasttrain.checkpoints.resume import (
     check_fits,
     how_to_continue,
     written_with_averaging,
 )
 from fasttrain.checkpoints.state import ResumeState
+from fasttrain.config.project import shown
 
 log = logging.getLogger(__name__)
 

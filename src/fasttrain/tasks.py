@@ -24,6 +24,8 @@ from fasttrain.config.errors import UserError
 
 def train(cfg: Any) -> dict[str, float]:
     """python train.py key=value ...: fit, then test the best checkpoint on the test split."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from lightning.pytorch.callbacks import ModelCheckpoint
     from omegaconf import OmegaConf
 
@@ -32,7 +34,6 @@ def train(cfg: Any) -> dict[str, float]:
     from fasttrain.callbacks import board, sessions, trackers
     from fasttrain.callbacks.grad_health import check_held_out_metrics
     from fasttrain.checkpoints.resume import checkpoint_to_resume
-    from fasttrain.distributed.multirun import share_job_with_ranks
     from fasttrain.models.protocols import Exportable, missing_methods
 
     trainer, model, datamodule = build_run(cfg)
@@ -42,7 +43,10 @@ def train(cfg: Any) -> dict[str, float]:
     fit.set_matmul_precision(cfg.get("matmul_precision"))
     ckpt_path = checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)
     if cfg.get("train", True):
-        share_job_with_ranks()  # DDP ranks of a sweep job run this job, not the sweep
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            from fasttrain.distributed.multirun import share_job_with_ranks
+
+            share_job_with_ranks()  # DDP ranks of a sweep job run this job, not the sweep
         tuner = cast(dict[str, Any], OmegaConf.to_container(cfg.get("tuner") or {}))
         fit.tune(trainer, model, datamodule, **tuner)
         fit.fit(trainer, model, datamodule, ckpt_path, cfg.get("oom_fallback", False))
@@ -303,9 +307,9 @@ def next_commands(run_dir: Path, ckpt: str | None, log_dir: str, pinned: list[st
     the shell."""
     from hydra.core.hydra_config import HydraConfig
 
-    from fasttrain import shown
     from fasttrain.checkpoints.resume import checkpoint_to_resume, how_to_continue
     from fasttrain.config.overrides import quote
+    from fasttrain.config.project import shown
 
     commands = {}
     if list(run_dir.glob("events.out.tfevents.*")):

@@ -136,7 +136,7 @@ def _data_group(option: str) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from fasttrain import CONFIG_DIR
+    from fasttrain.config.project import CONFIG_DIR
 
     overrides = [f"data={option}"]
     if GlobalHydra.instance().is_initialized():  # inside an entry point: Hydra's own search path

@@ -20,9 +20,9 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-from fasttrain import shown
 from fasttrain.callbacks import trackers
 from fasttrain.config.errors import ConfigError
+from fasttrain.config.project import shown
 from fasttrain.config.settings import run_tags
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from fasttrain import CONFIG_DIR
 from fasttrain.config.errors import UserError
+from fasttrain.config.project import CONFIG_DIR
 
 ALLOWED = (
     "a net or task of this project, a torch optimizer or scheduler, a data module of this "

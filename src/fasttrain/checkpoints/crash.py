@@ -13,8 +13,8 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fasttrain import shown
 from fasttrain.config.errors import UserError
+from fasttrain.config.project import shown
 
 log = logging.getLogger(__name__)
 

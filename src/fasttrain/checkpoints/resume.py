@@ -30,9 +30,9 @@ import weakref
 from pathlib import Path
 from typing import Any, cast
 
-from fasttrain import shown
 from fasttrain.checkpoints.load import read_checkpoint
 from fasttrain.config.errors import UserError
+from fasttrain.config.project import shown
 
 LAST = "last.ckpt"
 log = logging.getLogger(__name__)

@@ -33,11 +33,11 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from fasttrain import CONFIG_DIR, shown
 from fasttrain.cli.build import build_checked, construct_each
 from fasttrain.cli.claim import LOCK_FILE as LOCK_FILE  # tests import it from here
 from fasttrain.cli.claim import RunClaim, claim_run_dir
 from fasttrain.config.errors import DivergedError, UserError
+from fasttrain.config.project import CONFIG_DIR, shown
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -82,9 +82,11 @@ def entry(config_name: str, task: Callable[[Any], Any]) -> None:
         print_app_help(config_name, argv)
         return
     from fasttrain.config.overrides import check_command_line
-    from fasttrain.distributed.multirun import rank_argv
 
-    argv = rank_argv(argv)  # a DDP rank of a sweep job: that job only
+    if os.environ.get("LOCAL_RANK", "0") != "0":  # a DDP rank; of a sweep job: that job only
+        from fasttrain.distributed.multirun import rank_argv
+
+        argv = rank_argv(argv)
     checked = run_task(check_command_line, config_name, argv)  # bad input: one line, no files
     if checked.run is None:  # a sweep, --cfg, or a flag only Hydra answers: Hydra runs it
         if not checked.prints_only:  # --cfg prints the config: no data module is built or read

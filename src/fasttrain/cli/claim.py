@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fasttrain import shown
 from fasttrain.cli.build import construct
 from fasttrain.config.errors import UserError
+from fasttrain.config.project import shown
 
 # In each run folder: held (flock) by the run writing there, so a second one refuses to start.
 LOCK_FILE = ".run.lock"

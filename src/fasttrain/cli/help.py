@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fasttrain import CONFIG_DIR
+from fasttrain.config.project import CONFIG_DIR
 
 
 def config_groups(root: Path = Path(CONFIG_DIR)) -> dict[str, list[str]]:

@@ -5,4 +5,8 @@ schema.py     validate(cfg): every `_target_` node against its class's signature
 settings.py   the top-level keys of each entry config, as typed signatures with range checks
 overrides.py  the command line composed and checked before Hydra writes anything
 explain.py    Hydra's composition errors as one line naming the override and what is valid
+project.py    the project's conf/ (CONFIG_DIR) and paths as messages show them
+resolvers.py  the resolvers conf/ interpolates: a run's name, its folders, the monitor
 """
+
+from fasttrain.config import resolvers as _resolvers  # noqa: F401  registers conf/'s resolvers

@@ -33,8 +33,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fasttrain import CONFIG_DIR
 from fasttrain.config.errors import UserError
+from fasttrain.config.project import CONFIG_DIR
 
 # Up to this many jobs a sweep is checked combination by combination; beyond, each value once.
 _FULL_GRID = 8

@@ -24,13 +24,10 @@ _STARTED_WITH = {k: os.environ[k] for k in _LAUNCH_VARS if k in os.environ}
 
 
 def share_job_with_ranks() -> None:
-    """In a multirun job, publish this job's overrides and folder for the ranks about to start."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return
+    """In a multirun job (the caller asks), publish this job's overrides and folder for the
+    ranks about to start."""
     import torch.distributed as dist
+    from hydra.core.hydra_config import HydraConfig
 
     if dist.is_available() and dist.is_initialized():
         # The previous job's process group: its other ranks have exited, and Lightning would

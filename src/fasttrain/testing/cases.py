@@ -22,9 +22,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from fasttrain import CONFIG_DIR
+from fasttrain.config.project import CONFIG_DIR
 
-# the project's conf/ (fasttrain.config_dir): the options tested are the project's own
+# the project's conf/ (fasttrain.CONFIG_DIR): the options tested are the project's own
 CONF = Path(CONFIG_DIR)
 
 DEFAULT_DATA = "digits"

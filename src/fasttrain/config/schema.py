@@ -3,8 +3,9 @@
 Constructor signatures are the schema: every node with a
 `_target_` is checked before anything is built — unknown keys (with a "did you mean"), missing
 required arguments, and values whose type does not fit the annotation, e.g.
-`trainer.precision=17: expected one of 64, 32, 16, '16-mixed', ...`. Value ranges are the
-constructors' own business (they raise ConfigError); this module only needs the annotations.
+`trainer.precision=17: expected one of 64, 32, 16, '16-mixed', ...`, and values outside the
+range an annotation declares (fasttrain.config.domains: `lr: Annotated[float, Positive]`).
+Rules across values are the constructors' own business (they raise ConfigError).
 The top-level keys of each entry config have signatures too (fasttrain.config.settings).
 """
 
@@ -17,12 +18,13 @@ import math
 import re
 import types
 import typing
-from typing import Any, Literal, Union, cast
+from typing import Annotated, Any, Literal, Union, cast
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fasttrain.config import settings
+from fasttrain.config.domains import domain_of
 from fasttrain.config.errors import ConfigError, UserError
 
 _SPECIAL_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -131,7 +133,7 @@ def parameters_of(obj: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any
         except (TypeError, ValueError):  # builtins without a signature: nothing to check against
             break
         try:
-            func_hints = typing.get_type_hints(func)
+            func_hints = typing.get_type_hints(func, include_extras=True)  # with domains
         except Exception:  # names only imported under TYPE_CHECKING: check what resolves
             func_hints = {}
         for name, param in sig.parameters.items():
@@ -221,7 +223,10 @@ def _check_args(
             continue  # `x: int = None` is common shorthand for Optional
         if not _matches(value, annotation):
             raise UserError(f"{_join(path, key)}={value!r}: expected {_describe(annotation)}")
-        if finite:
+        domain = domain_of(annotation)  # its declared range, which also says finite
+        if domain is not None and not domain.admits(value):
+            raise UserError(f"{_join(path, key)}={value!r}: {domain.says()}")
+        if finite and domain is None:
             _check_finite(node, key, path)
     if not node.get("_partial_", False):
         given = set(node.keys())
@@ -336,11 +341,17 @@ def _check_scheduler(node: DictConfig, path: str) -> None:
                         "expected a schedule whose lr stays >= 0 and finite")  # fmt: skip
 
 
+def _without_domain(annotation: Any) -> Any:
+    """`Annotated[int, AtLeast(1)]` -> int: the type, checked before the domain."""
+    return annotation.__origin__ if typing.get_origin(annotation) is Annotated else annotation
+
+
 def _is_union(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (Union, types.UnionType)
 
 
 def _matches(value: Any, ann: Any) -> bool:
+    ann = _without_domain(ann)
     if ann in (inspect.Parameter.empty, Any) or isinstance(ann, (str, typing.TypeVar)):
         return True
     origin = typing.get_origin(ann)
@@ -379,6 +390,7 @@ def _describe(ann: Any) -> str:
     kinds: list[str] = []
 
     def collect(a: Any) -> None:
+        a = _without_domain(a)
         if _is_union(a):
             for arg in typing.get_args(a):
                 collect(arg)

@@ -1,17 +1,18 @@
 """The top-level keys of each entry config (conf/train.yaml, eval.yaml, export.yaml,
 predict.yaml), written as typed signatures: fasttrain.config.schema checks them like any
-component's arguments (unknown keys, types, choices), then calls the function for the range
-checks a type cannot say. Group nodes (data, model, trainer, ...) are checked on their own.
+component's arguments (unknown keys, types, choices, declared domains), then calls the
+function for the rules across values a signature cannot say. Group nodes (data, model,
+trainer, ...) are checked on their own.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fasttrain.config.domains import AtLeast, Range
 from fasttrain.config.errors import ConfigError, UserError
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -158,17 +159,18 @@ def check_precision_and_processes(
         )
 
 
-def run(task_name: str, run_name: str, seed: int) -> None:
+Seed = Annotated[int, Range(0, SEED_MAX)]
+
+
+def run(task_name: str, run_name: str, seed: Seed) -> None:
     """Keys every entry has."""
-    if not 0 <= seed <= SEED_MAX:
-        raise ConfigError("seed", seed, f"expected an int from 0 to {SEED_MAX}")
     check_run_name(run_name)
 
 
 def train(
     task_name: str,
     run_name: str,
-    seed: int,
+    seed: Seed,
     matmul_precision: str | None = "high",
     oom_fallback: bool = False,
     tuner: dict[str, Any] | None = None,
@@ -217,63 +219,51 @@ def run_tags(tags: Any) -> list[str]:
     return listed
 
 
-def evaluate(task_name: str, run_name: str, seed: int, ckpt_path: str) -> None:
+def evaluate(task_name: str, run_name: str, seed: Seed, ckpt_path: str) -> None:
     run(task_name, run_name, seed)
 
 
 def export(
     task_name: str,
     run_name: str,
-    seed: int,
+    seed: Seed,
     ckpt_path: str,
     format: str = "all",
     output_dir: str | None = None,
     device: Device = "auto",
-    latency_time: float = 0.2,
+    latency_time: Annotated[float, Range(0, low_open=True, what="seconds")] = 0.2,
     strict: bool = True,
 ) -> None:
     run(task_name, run_name, seed)
     check_output_dir(output_dir)
-    if not latency_time > 0:
-        raise ConfigError("latency_time", latency_time, "expected seconds > 0")
 
 
 def predict(
     task_name: str,
     run_name: str,
-    seed: int,
+    seed: Seed,
     ckpt_path: str,
     input: str | None = None,
     output_dir: str | None = None,
     device: Device = "auto",
     prompt: str | None = None,
-    max_new_tokens: int = 200,
-    temperature: float = 0.8,
-    top_k: int | None = 50,
+    max_new_tokens: Annotated[int, AtLeast(1)] = 200,
+    temperature: Annotated[float, Range(0, note="0: the most likely token")] = 0.8,
+    top_k: Annotated[int | None, AtLeast(1, null="every token")] = 50,
     kv_cache: bool = True,
 ) -> None:
     run(task_name, run_name, seed)
     check_output_dir(output_dir)
     if prompt is not None and input is not None:
         raise ConfigError("input", input, "a language model's prompt= takes no input file")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError("max_new_tokens", max_new_tokens, "expected an int >= 1")
-    number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
-    if not number or not math.isfinite(temperature) or temperature < 0:
-        raise ConfigError("temperature", temperature,
-                          "expected a finite number >= 0 (0: the most likely token)")  # fmt: skip
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ConfigError("top_k", top_k, "expected an int >= 1, or null (every token)")
 
 
 def prepare(
-    task_name: str, run_name: str, seed: int, output_dir: str | None = None,
-    shard_size: int = 1000,
+    task_name: str, run_name: str, seed: Seed, output_dir: str | None = None,
+    shard_size: Annotated[int, AtLeast(1, note="samples per shard")] = 1000,
 ) -> None:  # fmt: skip
     run(task_name, run_name, seed)
     check_output_dir(output_dir)
-    if shard_size < 1:
-        raise ConfigError("shard_size", shard_size, "expected an int >= 1 (samples per shard)")
     out = Path(output_dir).expanduser() if output_dir else None
     if out is not None and out.is_dir() and any(out.iterdir()):
         raise ConfigError("output_dir", output_dir, "exists and is not empty; choose a new folder")

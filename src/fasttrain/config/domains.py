@@ -1,0 +1,134 @@
+"""Value domains, declared where an argument is declared:
+
+    def __init__(self, lr: Annotated[float, Positive] = 1e-3,
+                 num_workers: Annotated[int, AtLeast(0)] = 0,
+                 dropout: Annotated[float, Probability] = 0.1) -> None:
+        check_arguments(MyNet.__init__, locals())  # the same rules when built in Python
+
+The config check (fasttrain.config.schema) reads them from the signature and refuses a value
+outside its domain in one line naming the override and the domain (`data.batch_size=0: expected
+an int >= 1`), before anything is built or written. A number's domain holds finite numbers only
+(nan and inf are outside every one). Rules across values (fractions that leave no training row)
+stay hand-written, with the component they constrain.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fasttrain.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers from `low` to `high` (None: unbounded), each end open or closed. `what` names
+    the value in the message ("a probability"; default "an int" or "a number"), `note` follows
+    the range ("0: the most likely token"), and `null` is what null means where it is allowed
+    ("every token"; "" just says "or null")."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    what: str = ""
+    note: str = ""
+    null: str = ""
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def says(self, kind: type, nullable: bool) -> str:
+        """ "expected an int >= 1", "expected a probability in [0, 1)", "..., or null (all)"."""
+        what = self.what or ("an int" if kind is int else "a finite number")
+        lo, hi = (None if b is None else f"{b:g}" for b in (self.low, self.high))
+        if lo is not None and hi is not None:
+            closed = kind is int and not (self.low_open or self.high_open)
+            shown = f"from {lo} to {hi}" if closed else (
+                f"in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+            )  # fmt: skip
+        elif lo is not None:
+            shown = f"{'>' if self.low_open else '>='} {lo}"
+        else:
+            shown = f"{'<' if self.high_open else '<='} {hi}" if hi is not None else ""
+        text = f"expected {what} {shown}".rstrip()
+        text += f" ({self.note})" if self.note else ""
+        if nullable:
+            text += f", or null ({self.null})" if self.null else " or null"
+        return text
+
+
+Positive = Range(0, low_open=True)
+NonNegative = Range(0)
+Probability = Range(0, 1, high_open=True, what="a probability")
+OpenUnit = Range(0, 1, low_open=True, high_open=True)  # a fraction that leaves some of both
+
+
+def AtLeast(low: float, what: str = "", note: str = "", null: str = "") -> Range:
+    """`Annotated[int, AtLeast(1)]`: named as it reads, like a type."""
+    return Range(low, what=what, note=note, null=null)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """What an annotation declares: its range, its number type, whether null is allowed."""
+
+    range: Range
+    kind: type
+    nullable: bool
+
+    def admits(self, value: Any) -> bool:
+        return (value is None and self.nullable) or self.range.holds(value)
+
+    def says(self) -> str:
+        return self.range.says(self.kind, self.nullable)
+
+
+def domain_of(annotation: Any) -> Domain | None:
+    """The Range in `Annotated[int, Range]` (also inside `... | None`), or None."""
+    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    nullable = any(m is type(None) for m in members)
+    for member in members:
+        if typing.get_origin(member) is Annotated:
+            base, *extras = typing.get_args(member)
+            found = next((e for e in extras if isinstance(e, Range)), None)
+            if found is not None:
+                nullable = nullable or (_is_union(base) and type(None) in typing.get_args(base))
+                kind = int if base is int else float
+                return Domain(found, kind, nullable)
+    return None
+
+
+def _is_union(annotation: Any) -> bool:
+    import types
+
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+@functools.cache
+def domains(func: Callable[..., Any]) -> dict[str, Domain]:
+    """Each argument of `func` with a declared domain (resolved once per function)."""
+    try:
+        hints = typing.get_type_hints(func, include_extras=True)
+    except Exception:  # a name only imported under TYPE_CHECKING: no domain is read from it
+        return {}
+    found = {name: domain_of(ann) for name, ann in hints.items()}
+    return {name: d for name, d in found.items() if d is not None}
+
+
+def check_arguments(func: Callable[..., Any], values: Mapping[str, Any]) -> None:
+    """ConfigError for the first of `values` (a call's `locals()`) outside its declared domain."""
+    for name, domain in domains(func).items():
+        value = values.get(name)
+        if name in values and not domain.admits(value):
+            raise ConfigError(name, value, domain.says())

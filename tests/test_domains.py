@@ -1,0 +1,102 @@
+"""Value domains declared where an argument is declared (fasttrain.config.domains): the
+one-line error comes from the signature, the same rule holds when a component is built in
+Python, and a numeric argument of fasttrain's own components or settings without a domain
+fails here (the ratchet below lists those not yet declared; it only shrinks)."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Annotated, Any
+
+import pytest
+from hydra.utils import get_object
+
+from conftest import REPO
+from fasttrain.config import settings
+from fasttrain.config.domains import AtLeast, Probability, Range, check_arguments, domain_of
+from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.config.schema import parameters_of, validate
+
+
+@pytest.mark.parametrize(
+    ("annotation", "says"),
+    [
+        (Annotated[int, AtLeast(1)], "expected an int >= 1"),
+        (Annotated[float, Probability], "expected a probability in [0, 1)"),
+        (Annotated[int, Range(0, 9)], "expected an int from 0 to 9"),
+        (Annotated[float, Range(0, 1, low_open=True)], "expected a finite number in (0, 1]"),
+        (Annotated[int | None, AtLeast(1, null="all")], "expected an int >= 1, or null (all)"),
+        (Annotated[int, AtLeast(1)] | None, "expected an int >= 1 or null"),
+        (Annotated[float, Range(0, note="0: off")], "expected a finite number >= 0 (0: off)"),
+    ],
+)
+def test_a_domain_says_its_range_in_words(annotation: Any, says: str) -> None:
+    domain = domain_of(annotation)
+    assert domain is not None and domain.says() == says
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), -1, 0, True, "1"])
+def test_nothing_outside_a_positive_number_is_admitted(value: Any) -> None:
+    domain = domain_of(Annotated[float, Range(0, low_open=True)])
+    assert domain is not None and not domain.admits(value)
+    assert domain.admits(1e-12) and domain.admits(1e12)
+
+
+def _component(dropout: Annotated[float, Probability] = 0.1, size: int = 1) -> None:
+    check_arguments(_component, locals())
+
+
+def test_a_component_built_in_python_keeps_its_declared_domain() -> None:
+    _component(0.5)
+    with pytest.raises(ConfigError, match=r"dropout=1\.0: expected a probability in \[0, 1\)"):
+        _component(1.0)
+
+
+def test_the_config_check_names_the_override_and_the_declared_range() -> None:
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create({"net": {"_target_": f"{__name__}._component", "dropout": "nan"}})
+    node.net.dropout = float("nan")
+    with pytest.raises(UserError, match=r"^net\.dropout=nan: expected a probability in \[0, 1\)$"):
+        validate(node)
+
+
+# Numeric arguments of fasttrain's own components and settings that declare no domain yet.
+# Each is still checked by hand where it is used; move its rule into the signature and
+# delete it from here.
+UNDECLARED_MOST = 176
+
+
+def _own_targets() -> set[str]:
+    from fasttrain.checkpoints.allow import conf_targets
+
+    found = set(conf_targets(str(REPO / "conf")))
+    return {t for t in found if t.startswith("fasttrain.")}
+
+
+def _numeric(annotation: Any) -> bool:
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    members = typing.get_args(annotation) if typing.get_origin(annotation) else (annotation,)
+    return any(m in (int, float) for m in members)
+
+
+def undeclared() -> list[str]:
+    missing = []
+    entries = {f"settings.{f.__name__}": f for f in settings.ENTRIES.values()}
+    objects = {**entries, **{t: get_object(t) for t in _own_targets()}}
+    for name, obj in sorted(objects.items()):
+        params, hints = parameters_of(obj)
+        for arg, param in params.items():
+            if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+                continue
+            ann = hints.get(arg, inspect.Parameter.empty)
+            if _numeric(ann) and domain_of(ann) is None:
+                missing.append(f"{name}.{arg}")
+    return missing
+
+
+def test_every_numeric_argument_declares_its_domain_or_is_on_the_shrinking_list() -> None:
+    missing = undeclared()
+    assert len(missing) <= UNDECLARED_MOST, missing

@@ -103,8 +103,9 @@ def domain_of(annotation: Any) -> Domain | None:
             base, *extras = typing.get_args(member)
             found = next((e for e in extras if isinstance(e, Range)), None)
             if found is not None:
-                nullable = nullable or (_is_union(base) and type(None) in typing.get_args(base))
-                kind = int if base is int else float
+                inner = typing.get_args(base) if _is_union(base) else (base,)
+                nullable = nullable or type(None) in inner
+                kind = int if int in inner and float not in inner else float
                 return Domain(found, kind, nullable)
     return None
 

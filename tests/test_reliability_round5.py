@@ -129,7 +129,7 @@ def test_every_hostile_number_of_every_entry(name: str, tmp_path: Path) -> None:
         ("gpt", "model.optimizer.lr=inf", "model.optimizer.lr=inf: expected a finite number"),
         ("gpt", "model.weight_decay=nan", "model.weight_decay=nan: expected a finite number"),
         ("gpt", "model.weight_decay=inf", "model.weight_decay=inf: expected a finite number"),
-        ("gpt", "model.weight_decay=-1", "model.weight_decay=-1.0: expected a number >= 0"),
+        ("gpt", "model.weight_decay=-1", "model.weight_decay=-1: expected a number >= 0"),
         ("gpt", "model.scheduler.warmup_steps=-1", "model.scheduler.warmup_steps=-1: expected"),
         ("gpt_modern", "model.net.softcap=inf", "model.net.softcap=inf: expected a finite"),
         ("muon", "model.optimizer.lr=nan", "model.optimizer.lr=nan: expected a finite number"),

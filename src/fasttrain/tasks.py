@@ -31,7 +31,7 @@ def train(cfg: Any) -> dict[str, float]:
 
     from fasttrain import fit
     from fasttrain.assemble import build_run
-    from fasttrain.callbacks import board, sessions, trackers
+    from fasttrain.callbacks import board, sessions
     from fasttrain.callbacks.grad_health import check_held_out_metrics
     from fasttrain.checkpoints.resume import checkpoint_to_resume
     from fasttrain.models.protocols import Exportable, missing_methods
@@ -39,7 +39,8 @@ def train(cfg: Any) -> dict[str, float]:
     trainer, model, datamodule = build_run(cfg)
     hparams, trial = sessions.session_of(cfg, trainer)
     sessions.start_session(trainer.loggers, hparams, trial)
-    trackers.record_start(trainer.loggers, hparams)  # MLflow, W&B
+    for tracker in trackers_of(trainer.loggers):  # MLflow, W&B
+        tracker.record_start(hparams)
     fit.set_matmul_precision(cfg.get("matmul_precision"))
     ckpt_path = checkpoint_to_resume(cfg.get("resume"), cfg.paths.output_dir)
     if cfg.get("train", True):
@@ -68,13 +69,24 @@ def train(cfg: Any) -> dict[str, float]:
         check_held_out_metrics(metrics, stage, trainer.global_step)
     final = sessions.final_values(metrics, trainer)
     sessions.end_session(trainer.loggers, final, trainer.global_step)
-    trackers.record_end(trainer.loggers, final, trainer.global_step, best or None)
+    shown: dict[str, str] = {}  # what opens each tracker's record of the run
+    for tracker in trackers_of(trainer.loggers):
+        tracker.record_end(final, trainer.global_step, best or None)
+        shown.update(tracker.shown_commands())
     monitor = getattr(model, "monitor", None)
     pinned = board.pinned_tags(monitor, metrics, board.task_group(model))  # of those logged
     report(cfg.paths.output_dir, metrics, best or None, cfg.paths.log_dir, monitor=monitor,
-           more=trackers.commands(trainer.loggers), pinned=pinned,
+           more=shown, pinned=pinned,
            exportable=not missing_methods(model, Exportable))  # fmt: skip
     return metrics
+
+
+def trackers_of(loggers: Any) -> list[Any]:
+    """The loggers that are trackers (fasttrain.callbacks.trackers.Tracker: MLflow, W&B). A
+    tracker's module imports that one, so where it was never imported there is none, and a run
+    without one never loads it."""
+    module = sys.modules.get("fasttrain.callbacks.trackers")
+    return [] if module is None else [lg for lg in loggers if isinstance(lg, module.Tracker)]
 
 
 def evaluate(cfg: Any) -> dict[str, float]:

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import lightning as L
 from hydra.errors import InstantiationException
@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from fasttrain.assemble.monitors import OptimizedMetric, check_modes, config_keys, never_logged
 from fasttrain.checkpoints.io import AtomicCheckpointIO, ModelSpec
 from fasttrain.checkpoints.state import ResumeState, confine_restored_paths
+from fasttrain.config.domains import AtLeast, NonNegative, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.schema import validate
 from fasttrain.models.spec import plain
@@ -262,8 +263,8 @@ class Trainer(L.Trainer):
         self,
         *,
         strategy: str | Strategy = "auto",
-        accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
+        accumulate_grad_batches: Annotated[int, AtLeast(1)] = 1,
+        gradient_clip_val: Annotated[float | None, NonNegative] = None,
         gradient_clip_algorithm: ClipAlgorithm | None = None,
         **kwargs: Any,
     ) -> None:
@@ -273,14 +274,7 @@ class Trainer(L.Trainer):
             raise ConfigError(
                 "strategy", strategy, f"expected one of {', '.join(strategy_names())}"
             )
-        if accumulate_grad_batches < 1:
-            raise ConfigError(
-                "accumulate_grad_batches", accumulate_grad_batches, "expected an int >= 1"
-            )
-        if gradient_clip_val is not None and gradient_clip_val < 0:
-            raise ConfigError(
-                "gradient_clip_val", gradient_clip_val, "expected a number >= 0 or null"
-            )
+        check_arguments(Trainer.__init__, locals())
         accelerator = kwargs.get("accelerator")
         if accelerator in ("gpu", "cuda") and not _gpu_available():
             raise ConfigError(

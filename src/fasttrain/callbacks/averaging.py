@@ -26,7 +26,7 @@ What this adds to Lightning's callbacks:
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 import torch
@@ -34,7 +34,7 @@ from lightning.pytorch.callbacks import EMAWeightAveraging, WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn, get_swa_multi_avg_fn
 
-from fasttrain.config.errors import ConfigError
+from fasttrain.config.domains import AtLeast, Range, check_arguments
 
 
 class Average(AveragedModel):
@@ -165,11 +165,8 @@ class _Averaging(WeightAveraging):
             super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
 
-def _check_schedule(start_step: int, every_n_steps: int) -> None:
-    if start_step < 0:
-        raise ConfigError("start_step", start_step, "expected an int >= 0")
-    if every_n_steps < 1:
-        raise ConfigError("every_n_steps", every_n_steps, "expected an int >= 1")
+StartStep = Annotated[int, AtLeast(0)]
+EveryNSteps = Annotated[int, AtLeast(1)]
 
 
 class EMA(_Averaging, EMAWeightAveraging):
@@ -184,10 +181,13 @@ class EMA(_Averaging, EMAWeightAveraging):
             applies per update.
     """
 
-    def __init__(self, decay: float = 0.999, start_step: int = 0, every_n_steps: int = 1) -> None:
-        if not 0.0 < decay < 1.0:
-            raise ConfigError("decay", decay, "expected a number strictly between 0 and 1")
-        _check_schedule(start_step, every_n_steps)
+    def __init__(
+        self,
+        decay: Annotated[float, Range(0, 1, low_open=True, high_open=True)] = 0.999,
+        start_step: StartStep = 0,
+        every_n_steps: EveryNSteps = 1,
+    ) -> None:
+        check_arguments(EMA.__init__, locals())
         super().__init__(
             decay=decay, update_every_n_steps=every_n_steps, update_starting_at_step=start_step
         )
@@ -205,8 +205,8 @@ class SWA(_Averaging):
             once per epoch's worth of steps.
     """
 
-    def __init__(self, start_step: int = 0, every_n_steps: int = 1) -> None:
-        _check_schedule(start_step, every_n_steps)
+    def __init__(self, start_step: StartStep = 0, every_n_steps: EveryNSteps = 1) -> None:
+        check_arguments(SWA.__init__, locals())
         super().__init__()
         self.start_step, self.every_n_steps = start_step, every_n_steps
 

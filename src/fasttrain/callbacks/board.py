@@ -41,11 +41,13 @@ import os
 import re
 import urllib.parse
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from fasttrain.config.domains import AtLeast, check_arguments
 
 # Custom Scalars: categories and charts in the order shown; each chart a list of tag regexes,
 # `[^/]+/` standing for the task's group (one layout serves every task).
@@ -170,7 +172,10 @@ class RunLogger(TensorBoardLogger):
         flush_secs: how often pending events are written to disk.
     """
 
-    def __init__(self, save_dir: str, log_graph: bool = False, flush_secs: int = 120) -> None:
+    def __init__(
+        self, save_dir: str, log_graph: bool = False, flush_secs: Annotated[int, AtLeast(1)] = 120
+    ) -> None:
+        check_arguments(RunLogger.__init__, locals())
         # No `hp_metric` scalar of -1: the HPARAMS session is start_session's.
         super().__init__(save_dir, name="", version="", log_graph=log_graph,
                          default_hp_metric=False, flush_secs=flush_secs)  # fmt: skip

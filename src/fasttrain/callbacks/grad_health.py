@@ -7,12 +7,13 @@ unscaling) but before gradient clipping: they see the gradients the model really
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from fasttrain.config.domains import AtLeast, Positive, check_arguments
 from fasttrain.config.errors import ConfigError, DivergedError
 
 
@@ -40,12 +41,14 @@ class GradNormMonitor(L.Callback):
         per_layer: also log one norm per parameter tensor, not only the total.
     """
 
-    def __init__(self, every_n_steps: int = 50, norm_type: float = 2.0, per_layer: bool = False):
+    def __init__(
+        self,
+        every_n_steps: Annotated[int, AtLeast(1)] = 50,
+        norm_type: Annotated[float, Positive] = 2.0,
+        per_layer: bool = False,
+    ):
         super().__init__()
-        if every_n_steps < 1:
-            raise ConfigError("every_n_steps", every_n_steps, "expected an int >= 1")
-        if norm_type <= 0:
-            raise ConfigError("norm_type", norm_type, "expected a number > 0")
+        check_arguments(GradNormMonitor.__init__, locals())
         self.every_n_steps, self.norm_type, self.per_layer = every_n_steps, norm_type, per_layer
 
     def on_before_optimizer_step(
@@ -101,15 +104,14 @@ class NonFiniteGuard(L.Callback):
     """
 
     def __init__(
-        self, action: Literal["raise", "skip"] = "raise", max_consecutive_skips: int = 10
+        self,
+        action: Literal["raise", "skip"] = "raise",
+        max_consecutive_skips: Annotated[int, AtLeast(1)] = 10,
     ) -> None:
         super().__init__()
+        check_arguments(NonFiniteGuard.__init__, locals())
         if action not in ("raise", "skip"):
             raise ConfigError("action", action, "expected one of 'raise', 'skip'")
-        if max_consecutive_skips < 1:
-            raise ConfigError(
-                "max_consecutive_skips", max_consecutive_skips, "expected an int >= 1"
-            )
         self.action, self.max_consecutive_skips = action, max_consecutive_skips
         self.skipped = self.consecutive = 0
         self._reported = 0  # skipped steps already warned about

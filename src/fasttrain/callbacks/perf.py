@@ -22,7 +22,7 @@ import statistics
 import time
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 import torch
@@ -37,7 +37,7 @@ from fasttrain.callbacks.flops import (
     matmul_dtype,
     tokens_per_sample,
 )
-from fasttrain.config.errors import ConfigError
+from fasttrain.config.domains import Positive, check_arguments
 
 GB = 1e9
 
@@ -69,10 +69,11 @@ class PerfMonitor(L.Callback):
             built-in table (and enabling perf/mfu on devices it lacks, CPUs included).
     """
 
-    def __init__(self, output_dir: str | None = None, peak_tflops: float | None = None) -> None:
+    def __init__(
+        self, output_dir: str | None = None, peak_tflops: Annotated[float, Positive] | None = None
+    ) -> None:
         super().__init__()
-        if peak_tflops is not None and not peak_tflops > 0:
-            raise ConfigError("peak_tflops", peak_tflops, "expected a number > 0 or null")
+        check_arguments(PerfMonitor.__init__, locals())
         self.output_dir, self.peak_tflops = output_dir, peak_tflops
         self.summary: dict[str, Any] = {}
 

@@ -10,10 +10,12 @@ them beside Lightning's own (epoch-level validation values, the version).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
+
+from fasttrain.config.domains import AtLeast, check_arguments
 
 
 class ProgressBar(RichProgressBar):
@@ -26,7 +28,8 @@ class ProgressBar(RichProgressBar):
         **kwargs: as RichProgressBar (leave, theme, console_kwargs).
     """
 
-    def __init__(self, refresh_rate: int = 10, **kwargs: Any) -> None:
+    def __init__(self, refresh_rate: Annotated[int, AtLeast(0)] = 10, **kwargs: Any) -> None:
+        check_arguments(ProgressBar.__init__, locals())
         super().__init__(refresh_rate=refresh_rate, **kwargs)
         self._next_update = 0.0  # monotonic time of the next bar update
 

@@ -22,7 +22,7 @@ the run starts, after a bounded wait (REACH_S, START_S), instead of minutes of t
 retries; nothing is left of the attempt.
 
 The loggers: fasttrain.callbacks.mlflow_run.MLflowRun, fasttrain.callbacks.wandb_run.WandbRun;
-here what they share and what the train task calls on them.
+here what they share and what the train task calls on them (Tracker; fasttrain.tasks).
 """
 
 from __future__ import annotations
@@ -32,11 +32,9 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from lightning.pytorch.loggers import Logger
 
 from fasttrain.config.errors import UserError
 
@@ -101,25 +99,3 @@ class Tracker:
 
     def shown_commands(self) -> dict[str, str]:
         raise NotImplementedError
-
-
-def record_start(loggers: Sequence[Logger], hparams: Mapping[str, Any]) -> None:
-    for logger in loggers:
-        if isinstance(logger, Tracker):
-            logger.record_start(hparams)
-
-
-def record_end(loggers: Sequence[Logger], final: Mapping[str, float], step: int,
-               checkpoint: str | None) -> None:  # fmt: skip
-    for logger in loggers:
-        if isinstance(logger, Tracker):
-            logger.record_end(final, step, checkpoint)
-
-
-def commands(loggers: Sequence[Logger]) -> dict[str, str]:
-    """What opens each tracker's record of the run, by tracker."""
-    shown: dict[str, str] = {}
-    for logger in loggers:
-        if isinstance(logger, Tracker):
-            shown.update(logger.shown_commands())
-    return shown

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -29,7 +29,7 @@ class Range:
     """The numbers from `low` to `high` (None: unbounded), each end open or closed. `what` names
     the value in the message ("a probability"; default "an int" or "a number"), `note` follows
     the range ("0: the most likely token"), and `null` is what null means where it is allowed
-    ("every token"; "" just says "or null")."""
+    ("every token"; "" just says "or null"); `empty`: an empty list is admitted too."""
 
     low: float | None = None
     high: float | None = None
@@ -38,6 +38,7 @@ class Range:
     what: str = ""
     note: str = ""
     null: str = ""
+    empty: bool = False  # an empty list is admitted too (a list-typed argument's)
 
     def holds(self, value: Any) -> bool:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -50,13 +51,17 @@ class Range:
 
     def says(self, kind: type, nullable: bool) -> str:
         """ "expected an int >= 1", "expected a probability in [0, 1)", "..., or null (all)"."""
-        what = self.what or ("an int" if kind is int else "a finite number")
+        what = self.what or ("an int" if kind is int else "a number")
         lo, hi = (None if b is None else f"{b:g}" for b in (self.low, self.high))
         if lo is not None and hi is not None:
-            closed = kind is int and not (self.low_open or self.high_open)
-            shown = f"from {lo} to {hi}" if closed else (
-                f"in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
-            )  # fmt: skip
+            if kind is int and not (self.low_open or self.high_open):
+                shown = f"from {lo} to {hi}"
+            elif self.low_open and self.high_open:
+                shown = f"strictly between {lo} and {hi}"
+            else:
+                shown = (
+                    f"in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+                )
         elif lo is not None:
             shown = f"{'>' if self.low_open else '>='} {lo}"
         else:
@@ -70,8 +75,13 @@ class Range:
 
 Positive = Range(0, low_open=True)
 NonNegative = Range(0)
+LearningRate = Range(0, low_open=True, what="a learning rate")
 Probability = Range(0, 1, high_open=True, what="a probability")
 OpenUnit = Range(0, 1, low_open=True, high_open=True)  # a fraction that leaves some of both
+
+
+# An input shape without the batch axis: [features] or [channels, height, width].
+Shape = Annotated[Sequence[int], Range(1, what="a non-empty list of ints")]
 
 
 def AtLeast(low: float, what: str = "", note: str = "", null: str = "") -> Range:
@@ -86,8 +96,12 @@ class Domain:
     range: Range
     kind: type
     nullable: bool
+    listed: bool  # a list of such numbers (not empty) is admitted too
 
     def admits(self, value: Any) -> bool:
+        if isinstance(value, Sequence) and not isinstance(value, str):  # a ListConfig too
+            some = bool(value) or self.range.empty
+            return self.listed and some and all(map(self.range.holds, value))
         return (value is None and self.nullable) or self.range.holds(value)
 
     def says(self) -> str:
@@ -104,10 +118,16 @@ def domain_of(annotation: Any) -> Domain | None:
             found = next((e for e in extras if isinstance(e, Range)), None)
             if found is not None:
                 inner = typing.get_args(base) if _is_union(base) else (base,)
+                items = [a for m in inner if _is_sequence(m) for a in typing.get_args(m)]
+                numbers = {*inner, *items} & {int, float}
+                kind = int if numbers == {int} else float
                 nullable = nullable or type(None) in inner
-                kind = int if int in inner and float not in inner else float
-                return Domain(found, kind, nullable)
+                return Domain(found, kind, nullable, listed=bool(items))
     return None
+
+
+def _is_sequence(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (list, tuple, Sequence)
 
 
 def _is_union(annotation: Any) -> bool:

@@ -160,6 +160,7 @@ def check_precision_and_processes(
 
 
 Seed = Annotated[int, Range(0, SEED_MAX)]
+Temperature = Range(0, what="a finite number", note="0: the most likely token")
 
 
 def run(task_name: str, run_name: str, seed: Seed) -> None:
@@ -248,7 +249,9 @@ def predict(
     device: Device = "auto",
     prompt: str | None = None,
     max_new_tokens: Annotated[int, AtLeast(1)] = 200,
-    temperature: Annotated[float, Range(0, note="0: the most likely token")] = 0.8,
+    temperature: Annotated[
+        float, Range(0, what="a finite number", note="0: the most likely token")
+    ] = 0.8,
     top_k: Annotated[int | None, AtLeast(1, null="every token")] = 50,
     kv_cache: bool = True,
 ) -> None:

@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from fasttrain.config.errors import ConfigError
 from fasttrain.data.batches import Batched, as_batch, device_loader
 from fasttrain.data.checks import Sizes
-from fasttrain.data.prefetch import PREFETCHING
 from fasttrain.data.resumable import ResumableLoader, first_epoch
 
 Auto = Literal["auto"]
@@ -262,7 +261,9 @@ class TensorDataModule(L.LightningDataModule):
         loader: type[DataLoader[Any]]
         loader, order = (ResumableLoader, order) if shuffle else (DataLoader, {})
         device = self._prefetch_device()
-        if device is not None:
+        if device is not None:  # a CUDA device's stream prefetch: loaded only there
+            from fasttrain.data.prefetch import PREFETCHING
+
             loader, order = PREFETCHING[loader], {**order, "prefetch_to": device}
         return loader(
             self.splits[split],

@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import torch
 from rich import box
@@ -18,7 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 from torch import nn
 
-from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.config.domains import NonNegative, Range, check_arguments
+from fasttrain.config.errors import UserError
 from fasttrain.deploy.files import atomic_path
 from fasttrain.deploy.formats import Criterion, Runner, torch_runner
 from fasttrain.models.protocols import relative_deviation
@@ -46,18 +47,13 @@ class Tolerance:
             top-1 class; within 1% of a target's std).
     """
 
-    max_abs_diff: float = 1e-4
-    max_acc_drop: float = 0.01
-    min_agreement: float = 0.995
+    # NaN would make every format fail its check (exit 1 after the whole export): refused.
+    max_abs_diff: Annotated[float, NonNegative] = 1e-4
+    max_acc_drop: Annotated[float, NonNegative] = 0.01
+    min_agreement: Annotated[float, Range(0, 1, what="a share")] = 0.995
 
     def __post_init__(self) -> None:
-        for name in ("max_abs_diff", "max_acc_drop"):
-            # `not >= 0`, not `< 0`: NaN compares False both ways, and every format would then
-            # fail its check (exit 1 after the whole export) instead of the value being refused.
-            if not getattr(self, name) >= 0:
-                raise ConfigError(name, getattr(self, name), "expected a number >= 0")
-        if not 0.0 <= self.min_agreement <= 1.0:
-            raise ConfigError("min_agreement", self.min_agreement, "expected a share in [0, 1]")
+        check_arguments(Tolerance.__init__, vars(self))
 
     def judge(self, criterion: Criterion, row: dict[str, Any], fp32_score: float,
               score: str = "accuracy") -> tuple[bool, str]:  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -10,7 +10,7 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from fasttrain.config.errors import ConfigError
+from fasttrain.config.domains import AtLeast, Range, check_arguments
 from fasttrain.models.spec import qualname
 from fasttrain.models.task import (
     DATA_TARGET_KEY,
@@ -45,14 +45,11 @@ class Classifier(Task):
         self,
         net: nn.Module,
         optimizer: OptimizerFactory | None,
-        num_classes: int,
-        label_smoothing: float = 0.0,
+        num_classes: Annotated[int, AtLeast(2)],
+        label_smoothing: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         **base: Any,
     ) -> None:
-        if num_classes < 2:
-            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ConfigError("label_smoothing", label_smoothing, "expected a number in [0, 1)")
+        check_arguments(Classifier.__init__, locals())
         super().__init__(net, optimizer, num_classes=num_classes,
                          label_smoothing=float(label_smoothing), **base)  # fmt: skip
         self.num_classes, self.label_smoothing = num_classes, float(label_smoothing)

@@ -12,13 +12,14 @@ import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 
+from fasttrain.config.domains import AtLeast, NonNegative, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.models.task import OptimizerFactory, Task
 
@@ -67,19 +68,18 @@ class LanguageModel(Task):
         self,
         net: nn.Module,
         optimizer: OptimizerFactory | None,
-        vocab_size: int = 256,
-        weight_decay: float = 0.1,
+        vocab_size: Annotated[int, AtLeast(1)] = 256,
+        weight_decay: Annotated[float, NonNegative] = 0.1,
         scheduler_interval: Literal["epoch", "step"] = "step",  # (Task's default: epoch)
         **base: Any,
     ) -> None:
+        check_arguments(LanguageModel.__init__, locals())
         for key in ("input_mean", "input_std"):
             value = base.pop(key, None)  # (None is accepted: checkpoints record both)
             if value is not None:
                 raise ConfigError(key, value, "a language model's inputs are token ids, never "
                                   "normalised; leave it unset")  # fmt: skip
-        weight_decay = float(weight_decay)
-        if not weight_decay >= 0:  # (also NaN) AdamW would refuse it only at fit's start
-            raise ConfigError("weight_decay", weight_decay, "expected a number >= 0")
+        weight_decay = float(weight_decay)  # (NaN: refused above; AdamW would at fit's start)
         super().__init__(net, optimizer, scheduler_interval=scheduler_interval,
                          vocab_size=vocab_size, weight_decay=weight_decay, **base)  # fmt: skip
         self.vocab_size, self.weight_decay = vocab_size, weight_decay

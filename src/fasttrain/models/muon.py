@@ -23,11 +23,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import nn
 
+from fasttrain.config.domains import LearningRate, NonNegative, Positive, Range, check_arguments
 from fasttrain.config.errors import UserError
 from fasttrain.models.protocols import takes_hidden_matrices
 
@@ -53,18 +54,21 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 0.02,
-        momentum: float = 0.95,
+        lr: Annotated[float, LearningRate] = 0.02,
+        momentum: Annotated[float, NonNegative] = 0.95,
         nesterov: bool = True,
-        ns_steps: int = 5,
+        ns_steps: Annotated[int, Range(1, 99)] = 5,
         adjust_lr_fn: str | None = None,
-        adamw_lr: float = 0.003,
-        betas: tuple[float, float] = (0.9, 0.95),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
+        adamw_lr: Annotated[float, LearningRate] = 0.003,
+        betas: Annotated[tuple[float, float], Range(0, 1, high_open=True)] = (0.9, 0.95),
+        eps: Annotated[float, Positive] = 1e-8,
+        weight_decay: Annotated[float, NonNegative] = 0.0,
         fused: bool | None = None,
     ) -> None:
-        _check_args(momentum, adamw_lr, ns_steps, adjust_lr_fn)
+        # What torch.optim.Muon checks only once it has matrices (the config check builds this
+        # optimizer on one 1-D parameter), and AdamW's lr, said as the argument's domain.
+        check_arguments(MuonWithAdamW.__init__, locals())
+        _check_adjust_lr_fn(adjust_lr_fn)
         groups = _as_groups(params)
         hidden = [g for g in groups if g.get(MUON_KEY)]
         rest = [{**g, MUON_KEY: False} for g in groups if not g.get(MUON_KEY)]
@@ -181,16 +185,7 @@ def _cpu_multiplies_bf16_fast() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
-def _check_args(momentum: float, adamw_lr: float, ns_steps: int, adjust_lr_fn: str | None) -> None:
-    """What torch.optim.Muon checks only once it has matrices (the config check builds this
-    optimizer on one 1-D parameter: AdamW checks the rest), and AdamW's lr > 0. Unnamed, as
-    torch's own: the config check names the override whose value the message shows."""
-    if not momentum >= 0:
-        raise ValueError(f"expected a momentum >= 0, not {momentum!r}")
-    if not adamw_lr > 0:
-        raise ValueError(f"expected a learning rate > 0, not {adamw_lr!r}")
-    if not 1 <= ns_steps < 100:
-        raise ValueError(f"expected an int in [1, 100), not {ns_steps!r}")
+def _check_adjust_lr_fn(adjust_lr_fn: str | None) -> None:
     valid = ("original", "match_rms_adamw", "spectral_unclamped")
     if adjust_lr_fn is not None and adjust_lr_fn not in valid:
         raise ValueError(f"expected null or one of {', '.join(valid)}, not {adjust_lr_fn!r}")

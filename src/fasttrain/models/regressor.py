@@ -3,13 +3,14 @@ targets, metrics and predictions in the targets' own units."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection, R2Score
 
+from fasttrain.config.domains import AtLeast, Positive, check_arguments
 from fasttrain.config.errors import ConfigError
 from fasttrain.models.task import OptimizerFactory, Task
 
@@ -61,17 +62,14 @@ class Regressor(Task):
         self,
         net: nn.Module,
         optimizer: OptimizerFactory | None,
-        num_targets: int = 1,
+        num_targets: Annotated[int, AtLeast(1)] = 1,
         loss: Loss = "mse",
-        huber_delta: float = 1.0,
+        huber_delta: Annotated[float, Positive] = 1.0,
         **base: Any,
     ) -> None:
-        if num_targets < 1:
-            raise ConfigError("num_targets", num_targets, "expected an int >= 1")
+        check_arguments(Regressor.__init__, locals())
         if loss not in ("mse", "huber"):
             raise ConfigError("loss", loss, "expected one of 'mse', 'huber'")
-        if huber_delta <= 0:
-            raise ConfigError("huber_delta", huber_delta, "expected a number > 0")
         super().__init__(net, optimizer, num_targets=num_targets, loss=loss,
                          huber_delta=float(huber_delta), **base)  # fmt: skip
         self.num_targets, self.loss_name, self.huber_delta = num_targets, loss, float(huber_delta)

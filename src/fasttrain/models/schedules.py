@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from fasttrain.config.errors import ConfigError
+from fasttrain.config.domains import AtLeast, Range, check_arguments
 
 
 class WarmupCosine(LRScheduler):
@@ -20,17 +21,12 @@ class WarmupCosine(LRScheduler):
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        total_steps: int,
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.1,
-        last_epoch: int = -1,
+        total_steps: Annotated[int, AtLeast(1)],
+        warmup_steps: Annotated[int, AtLeast(0)] = 100,
+        min_lr_ratio: Annotated[float, Range(0, 1, what="a ratio")] = 0.1,
+        last_epoch: Annotated[int, AtLeast(-1, note="-1: a new schedule")] = -1,
     ) -> None:
-        if total_steps < 1:
-            raise ConfigError("total_steps", total_steps, "expected an int >= 1")
-        if warmup_steps < 0:
-            raise ConfigError("warmup_steps", warmup_steps, "expected an int >= 0")
-        if not 0.0 <= min_lr_ratio <= 1.0:
-            raise ConfigError("min_lr_ratio", min_lr_ratio, "expected a ratio in [0, 1]")
+        check_arguments(WarmupCosine.__init__, locals())
         self.total_steps, self.warmup_steps = int(total_steps), int(warmup_steps)
         self.min_lr_ratio = float(min_lr_ratio)
         super().__init__(optimizer, last_epoch)

@@ -33,12 +33,13 @@ What the machinery reads, and only this:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMetric
 
+from fasttrain.config.domains import AtLeast, Range, check_arguments
 from fasttrain.config.errors import ConfigError
 from fasttrain.models.optim_plan import LrScaling, OptimizerFactory, OptimizerPlan, SchedulerFactory
 from fasttrain.models.optim_plan import scale_lr as scale_lr  # classifier imports it from here
@@ -165,20 +166,21 @@ class Task(OptimizerPlan):
         scheduler: SchedulerFactory | None = None,
         scheduler_interval: Literal["epoch", "step"] = "epoch",
         lr_scaling: LrScaling = "none",
-        base_batch_size: int = 64,
+        base_batch_size: Annotated[int, AtLeast(1)] = 64,
         channels_last: bool = False,
         compile: bool = False,
-        input_mean: float | Sequence[float] | None = None,
-        input_std: float | Sequence[float] | None = None,
+        input_mean: Annotated[float | Sequence[float] | None, Range(what="numbers")] = None,
+        input_std: Annotated[
+            float | Sequence[float] | None, Range(0, low_open=True, what="values")
+        ] = None,
         **own: Any,
     ) -> None:
         super().__init__()
+        check_arguments(Task.__init__, locals())
         if scheduler_interval not in ("epoch", "step"):
             raise ConfigError("scheduler_interval", scheduler_interval, "expected epoch or step")
         if lr_scaling not in ("none", "linear", "sqrt"):
             raise ConfigError("lr_scaling", lr_scaling, "expected one of 'none', 'linear', 'sqrt'")
-        if base_batch_size < 1:
-            raise ConfigError("base_batch_size", base_batch_size, "expected an int >= 1")
         if channels_last:
             # 4-D weights only; others unchanged. torch's stubs lack Module.to(memory_format=).
             net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
@@ -192,8 +194,6 @@ class Task(OptimizerPlan):
         self.channels_last = channels_last
         if (input_mean is None) != (input_std is None):
             raise ConfigError("input_std", input_std, "set input_mean and input_std together")
-        if input_std is not None and min(_as_list(input_std)) <= 0:
-            raise ConfigError("input_std", input_std, "expected values > 0")
         # Not in the state_dict (the hyperparameters carry them): older checkpoints still load.
         self.register_buffer("input_mean", _per_channel(input_mean), persistent=False)
         self.register_buffer("input_std", _per_channel(input_std), persistent=False)

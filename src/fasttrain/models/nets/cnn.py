@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 from lightning.pytorch.core.mixins import HyperparametersMixin
 from torch import nn
 
+from fasttrain.config.domains import AtLeast, Probability, Shape, check_arguments
 from fasttrain.config.errors import ConfigError, check_shape
-from fasttrain.models.nets.init import InitScheme, init_weights
+from fasttrain.models.nets.init import InitScheme, Widths, init_weights
 
 
 class SmallCNN(HyperparametersMixin, nn.Module):
@@ -21,20 +23,17 @@ class SmallCNN(HyperparametersMixin, nn.Module):
 
     def __init__(
         self,
-        input_shape: Sequence[int],
-        num_classes: int,
-        channels: Sequence[int] = (32, 64),
-        dropout: float = 0.1,
+        input_shape: Shape,
+        num_classes: Annotated[int, AtLeast(1)],
+        channels: Annotated[Sequence[int], Widths] = (32, 64),
+        dropout: Annotated[float, Probability] = 0.1,
         init: InitScheme = "default",
     ) -> None:
         super().__init__()
+        check_arguments(SmallCNN.__init__, locals())
         shape = check_shape(input_shape)
         if len(shape) != 3:
             raise ConfigError("input_shape", list(shape), "a CNN needs [channels, height, width]")
-        if not channels or any(c < 1 for c in channels):
-            raise ConfigError("channels", list(channels), "expected a non-empty list of ints >= 1")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError("dropout", dropout, "expected a probability in [0, 1)")
         self.save_hyperparameters()
         layers: list[nn.Module] = []
         c_in, size = shape[0], min(shape[1:])

@@ -22,13 +22,14 @@ position instead of the whole context.
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import torch
 from lightning.pytorch.core.mixins import HyperparametersMixin
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from fasttrain.config.domains import AtLeast, Probability, Range, check_arguments
 from fasttrain.config.errors import ConfigError
 from fasttrain.models.nets.gpt_blocks import (
     Block,
@@ -43,6 +44,9 @@ from fasttrain.models.nets.gpt_blocks import (
 # One block's keys and values so far: ([B, n_head, t, head_dim], same); a list of them per block.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 Position = Literal["learned", "rope"]
+
+
+Size = Annotated[int, AtLeast(1)]  # a count of tokens, layers, heads or channels
 
 
 class GPT(HyperparametersMixin, nn.Module):
@@ -76,12 +80,12 @@ class GPT(HyperparametersMixin, nn.Module):
 
     def __init__(
         self,
-        vocab_size: int,
-        block_size: int = 256,
-        n_layer: int = 4,
-        n_head: int = 4,
-        n_embd: int = 128,
-        dropout: float = 0.0,
+        vocab_size: Size,
+        block_size: Size = 256,
+        n_layer: Size = 4,
+        n_head: Size = 4,
+        n_embd: Size = 128,
+        dropout: Annotated[float, Probability] = 0.0,
         bias: bool = False,
         activation_checkpointing: bool = False,
         pos: Position = "learned",
@@ -89,10 +93,12 @@ class GPT(HyperparametersMixin, nn.Module):
         qk_norm: bool = False,
         mlp: Mlp = "gelu",
         tie_embeddings: bool = True,
-        softcap: float | None = None,
+        softcap: Annotated[float | None, Range(0, low_open=True, null="no cap")] = None,
     ) -> None:
         super().__init__()
-        _check_sizes(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
+        check_arguments(GPT.__init__, locals())
+        if n_embd % n_head:
+            raise ConfigError("n_embd", n_embd, f"expected a multiple of n_head={n_head}")
         _check_recipe(pos, norm, mlp, softcap, n_embd // n_head)
         self.save_hyperparameters()
         self.block_size, self.n_layer = block_size, n_layer
@@ -185,26 +191,12 @@ def _fsdp_checkpointed(block: nn.Module) -> bool:
     return wrapped or hasattr(block, "_checkpoint_wrapped_module")
 
 
-def _check_sizes(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
-                 dropout: float) -> None:  # fmt: skip
-    for name, value in (("vocab_size", vocab_size), ("block_size", block_size),
-                        ("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)):  # fmt: skip
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(name, value, "expected an int >= 1")
-    if n_embd % n_head:
-        raise ConfigError("n_embd", n_embd, f"expected a multiple of n_head={n_head}")
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError("dropout", dropout, "expected a probability in [0, 1)")
-
-
 def _check_recipe(pos: str, norm: str, mlp: str, softcap: float | None, head_dim: int) -> None:
     for name, value, kind in (("pos", pos, Position), ("norm", norm, Norm), ("mlp", mlp, Mlp)):
         if value not in get_args(kind):
             raise ConfigError(
                 name, value, f"expected one of {', '.join(map(repr, get_args(kind)))}"
             )
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
-        raise ConfigError("softcap", softcap, "expected a number > 0, or null for no cap")
     if pos == "rope" and head_dim % 2:
         raise ConfigError(
             "pos", pos, f"rotary embeddings turn pairs of a head's dimensions, but the head size "

@@ -6,9 +6,12 @@ from typing import Literal, get_args
 
 from torch import nn
 
+from fasttrain.config.domains import AtLeast
 from fasttrain.config.errors import ConfigError
 
 InitScheme = Literal["default", "kaiming", "xavier"]
+# The widths of a net's layers (channels, hidden sizes): a non-empty list of ints >= 1.
+Widths = AtLeast(1, what="a non-empty list of ints")
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 from lightning.pytorch.core.mixins import HyperparametersMixin
 from torch import nn
 
-from fasttrain.config.errors import ConfigError, check_shape
+from fasttrain.config.domains import AtLeast, Probability, Range, Shape, check_arguments
+from fasttrain.config.errors import check_shape
 from fasttrain.models.nets.init import InitScheme, init_weights
 
 
@@ -19,17 +21,14 @@ class MLP(HyperparametersMixin, nn.Module):
 
     def __init__(
         self,
-        input_shape: Sequence[int],
-        num_classes: int,
-        hidden: Sequence[int] = (128, 128),
-        dropout: float = 0.1,
+        input_shape: Shape,
+        num_classes: Annotated[int, AtLeast(1)],
+        hidden: Annotated[Sequence[int], Range(1, what="layer widths", empty=True)] = (128, 128),
+        dropout: Annotated[float, Probability] = 0.1,
         init: InitScheme = "default",
     ) -> None:
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError("dropout", dropout, "expected a probability in [0, 1)")
-        if any(h < 1 for h in hidden):
-            raise ConfigError("hidden", list(hidden), "expected layer widths >= 1")
+        check_arguments(MLP.__init__, locals())
         self.save_hyperparameters()
         widths = [math.prod(check_shape(input_shape)), *hidden]
         layers: list[nn.Module] = [nn.Flatten()]

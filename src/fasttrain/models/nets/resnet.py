@@ -7,13 +7,15 @@ trains digits in seconds. The stem is a 3x3 conv without pooling, so 8x8 and 32x
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 from lightning.pytorch.core.mixins import HyperparametersMixin
 from torch import nn
 
+from fasttrain.config.domains import AtLeast, Shape, check_arguments
 from fasttrain.config.errors import ConfigError, check_shape
-from fasttrain.models.nets.init import InitScheme, init_weights
+from fasttrain.models.nets.init import InitScheme, Widths, init_weights
 
 
 def conv_bn(c_in: int, c_out: int, stride: int = 1, kernel: int = 3) -> nn.Sequential:
@@ -47,19 +49,20 @@ class ResNet(HyperparametersMixin, nn.Module):
 
     def __init__(
         self,
-        input_shape: Sequence[int],
-        num_classes: int,
-        channels: Sequence[int] = (64, 128, 256, 512),
-        blocks: Sequence[int] = (2, 2, 2, 2),
+        input_shape: Shape,
+        num_classes: Annotated[int, AtLeast(1)],
+        channels: Annotated[Sequence[int], Widths] = (64, 128, 256, 512),
+        blocks: Annotated[Sequence[int], AtLeast(1, what="counts")] = (2, 2, 2, 2),
         init: InitScheme = "kaiming",
     ) -> None:
         super().__init__()
+        check_arguments(ResNet.__init__, locals())
         shape = check_shape(input_shape)
         if len(shape) != 3:
             raise ConfigError(
                 "input_shape", list(shape), "a ResNet needs [channels, height, width]"
             )
-        if not channels or len(channels) != len(blocks) or min(*channels, *blocks) < 1:
+        if len(channels) != len(blocks):
             raise ConfigError(
                 "blocks", list(blocks), "expected one count >= 1 per entry of channels"
             )

@@ -49,10 +49,12 @@ class Range:
             return False
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
-    def says(self, kind: type, nullable: bool) -> str:
+    def says(self, kind: type, nullable: bool, value: Any = None) -> str:
         """ "expected an int >= 1", "expected a probability in [0, 1)", "..., or null (all)"."""
         what = self.what or ("an int" if kind is int else "a number")
-        lo, hi = (None if b is None else f"{b:g}" for b in (self.low, self.high))
+        if isinstance(value, float) and not math.isfinite(value):
+            what = "a finite number"  # nan, inf: said as such, whatever the value's name
+        lo, hi = (None if b is None else _number(b) for b in (self.low, self.high))
         if lo is not None and hi is not None:
             if kind is int and not (self.low_open or self.high_open):
                 shown = f"from {lo} to {hi}"
@@ -71,6 +73,11 @@ class Range:
         if nullable:
             text += f", or null ({self.null})" if self.null else " or null"
         return text
+
+
+def _number(bound: float) -> str:
+    """4294967295 as such, 0.5 as 0.5, 1.0 as 1."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 Positive = Range(0, low_open=True)
@@ -104,8 +111,8 @@ class Domain:
             return self.listed and some and all(map(self.range.holds, value))
         return (value is None and self.nullable) or self.range.holds(value)
 
-    def says(self) -> str:
-        return self.range.says(self.kind, self.nullable)
+    def says(self, value: Any = None) -> str:
+        return self.range.says(self.kind, self.nullable, value)
 
 
 def domain_of(annotation: Any) -> Domain | None:
@@ -152,4 +159,4 @@ def check_arguments(func: Callable[..., Any], values: Mapping[str, Any]) -> None
     for name, domain in domains(func).items():
         value = values.get(name)
         if name in values and not domain.admits(value):
-            raise ConfigError(name, value, domain.says())
+            raise ConfigError(name, value, domain.says(value))

@@ -225,7 +225,7 @@ def _check_args(
             raise UserError(f"{_join(path, key)}={value!r}: expected {_describe(annotation)}")
         domain = domain_of(annotation)  # its declared range, which also says finite
         if domain is not None and not domain.admits(value):
-            raise UserError(f"{_join(path, key)}={value!r}: {domain.says()}")
+            raise UserError(f"{_join(path, key)}={value!r}: {domain.says(value)}")
         if finite and domain is None:
             _check_finite(node, key, path)
     if not node.get("_partial_", False):

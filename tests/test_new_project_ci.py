@@ -69,8 +69,8 @@ def test_the_new_projects_ci_runs_make_test_and_make_lint(new_project: Path) -> 
 def test_env_example_names_the_trackers_keys_and_env_is_ignored(new_project: Path) -> None:
     lines = (new_project / ".env.example").read_text().splitlines()
     names = [line.partition("=")[0] for line in lines if line and not line.startswith("#")]
-    assert {"WANDB_API_KEY", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
-            "MLFLOW_TRACKING_PASSWORD"} <= set(names)  # fmt: skip
+    assert {"WANDB_API_KEY", "WANDB_ENTITY", "MLFLOW_TRACKING_USERNAME",
+            "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_URI"} <= set(names)  # fmt: skip
     assert all(line.endswith("=") for line in lines if line.partition("=")[0] in names)
     ignored = subprocess.run(["git", "check-ignore", ".env", ".env.example"], cwd=new_project,
                              capture_output=True, text=True)  # fmt: skip

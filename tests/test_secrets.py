@@ -20,6 +20,7 @@ from conftest import CONF, REPO, run_cli
 from fasttrain.tools import hooks
 
 KEY = "0123456789abcdef" * 2 + "01234567"  # a W&B API key's shape: 40 hex digits
+URI = "https://bob" + ":pw@mlflow.example.com"  # a server's URI with a password
 REFUSAL = (": a secret given on the command line would be saved in .hydra/config.yaml, the "
            "tracker's params and every checkpoint; put it in the environment or .env (see "
            ".env.example)")  # fmt: skip
@@ -28,7 +29,7 @@ SECRETS = [
     "+logger.mlflow.tracking_password=hunter2",
     "++logger.mlflow.tracking_token='a token'",
     f"+notes={KEY}",  # any key: the value is a W&B key's
-    "logger.mlflow.tracking_uri=https://bob:pw@mlflow.example.com",
+    f"logger.mlflow.tracking_uri={URI}",
 ]
 
 
@@ -92,8 +93,8 @@ FOUND = {
     f"  api_key: {KEY}  # wandb\n": "a W&B API key",
     "export WANDB_API_KEY=sk-live-123\n": "a tracker credential",
     "MLFLOW_TRACKING_PASSWORD=hunter2\n": "a tracker credential",
-    'os.environ["MLFLOW_TRACKING_TOKEN"] = "abcd1234"\n': "a tracker credential",
-    "tracking_uri: https://bob:pw@mlflow.example.com\n": "a URI with user:password@",
+    'os.environ["MLFLOW_TRACKING_TOKEN"] = "abcd' + '1234"\n': "a tracker credential",
+    f"tracking_uri: {URI}\n": "a URI with user:password@",
 }
 NOT_FOUND = [
     "WANDB_API_KEY=\n", "MLFLOW_TRACKING_PASSWORD=  # yours\n", "  api_key: ${oc.env:KEY}\n",

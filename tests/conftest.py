@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -137,3 +138,23 @@ def mlp_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = run_cli(args, log_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return log_dir / "train" / "mlp" / "checkpoints" / "last.ckpt"
+
+
+def make_new_project(dest: Path, name: str = "acme_vision") -> subprocess.CompletedProcess:
+    """`make new-project NAME=name DEST=dest` in this checkout (its template as committed)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    return subprocess.run(
+        ["make", "-s", "new-project", f"NAME={name}", f"DEST={dest}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def new_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project `make new-project` made (acme_vision), once per test session and worker: a
+    render and a wheel build take a while. A test that changes it works on a git clone."""
+    dest = tmp_path_factory.mktemp("new") / "acme_vision"
+    proc = make_new_project(dest)
+    assert proc.returncode == 0, proc.stderr
+    return dest

@@ -17,21 +17,12 @@ from pathlib import Path
 import pytest
 
 import fasttrain
-from conftest import CONF, REPO
+from conftest import CONF, REPO, make_new_project
 from fasttrain.tools.new_project import RECORD, SCAFFOLD, TEMPLATE, read_record
 
 NEW = "acme_vision"
 # a new project's own Python outside tests/ (issue target): train.py and the three examples
 OWN_PYTHON_LINES = 600
-
-
-def make_new_project(dest: Path, name: str = NEW) -> subprocess.CompletedProcess:
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    return subprocess.run(
-        ["make", "-s", "new-project", f"NAME={name}", f"DEST={dest}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
 
 
 # its suite as `make test` runs it: test files in parallel, one worker per CPU
@@ -102,12 +93,9 @@ def check_made(project: Path, package: str) -> None:
     assert record["_src_path"] == f"git+file://{REPO}" and record["_commit"]
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dest = tmp_path_factory.mktemp("new") / NEW
-    proc = make_new_project(dest)
-    assert proc.returncode == 0, proc.stderr
-    return dest
+@pytest.fixture
+def project(new_project: Path) -> Path:
+    return new_project  # the session's (conftest.py), shared with test_new_project_ci.py
 
 
 def test_make_new_project_makes_a_thin_project(project: Path) -> None:

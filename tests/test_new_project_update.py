@@ -119,6 +119,16 @@ def test_a_refused_update_commits_nothing(tmp_path: Path) -> None:
     assert state(project) == before
 
 
+# What a project made before them gains from an update (the scaffold's own files).
+GAINED = [".github/workflows/ci.yml.jinja", ".pre-commit-config.yaml", ".env.example"]
+
+
+def tracked(project: Path) -> dict[str, bytes]:
+    """The project's committed files, by content."""
+    names = git(project, "ls-files", "-z").split("\0")
+    return {name: (project / name).read_bytes() for name in names if name}
+
+
 def project_venv(project: Path) -> Path:
     """The project's .venv as `make install` would make it, offline: a venv that sees this
     Python's packages (pip, setuptools, copier), fasttrain's left out, so the project runs the
@@ -172,12 +182,28 @@ def test_an_update_at_the_same_version_installs_the_newer_library(tmp_path: Path
     ran = subprocess.run([str(python), "-c", probe], cwd=project, capture_output=True, text=True)
     commit_a = git(template, "rev-parse", "HEAD").strip()
     assert ran.stdout.split() == ["A", f"0.0.1+g{commit_a[:12]}"], ran.stdout + ran.stderr
-    # commit B changes a library function; the version stays 0.0.1
+    # commit B changes a library function (the version stays 0.0.1), and its scaffold gains the
+    # files a project made before them lacks: CI, pre-commit hooks, .env.example
     commit_file(template, f"src/{TEMPLATE}/__init__.py", LIBRARY.format("B"))
+    for name in GAINED:
+        commit_file(template, scaffold_path(name), (SCAFFOLD / name).read_text())
     commit_b = git(template, "rev-parse", "HEAD").strip()
+    before = tracked(project)
+    rendered = {name.removesuffix(".jinja") for name in GAINED}
+    assert not rendered & set(before)  # a project made before them
 
     proc = make_in(project, "update-template", f"FROM={template}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = tracked(project)
+    (old_wheel,) = [p for p in before if p.startswith("wheels/")]
+    (new_wheel,) = [p for p in after if p.startswith("wheels/")]
+    assert set(after) - set(before) == {*rendered, new_wheel}
+    assert set(before) - set(after) == {old_wheel}
+    # the project's own files byte for byte; only the record of the template's commit moved
+    assert [p for p in before if p in after and after[p] != before[p]] == [RECORD]
+    assert after[".pre-commit-config.yaml"] == (SCAFFOLD / ".pre-commit-config.yaml").read_bytes()
+    assert after[".env.example"] == (SCAFFOLD / ".env.example").read_bytes()
+    assert b'python-version: "3.10"' in after[".github/workflows/ci.yml"]  # the answer's
     ran = subprocess.run([str(python), "-c", probe], cwd=project, capture_output=True, text=True)
     assert ran.stdout.split() == ["B", f"0.0.1+g{commit_b[:12]}"], ran.stdout + ran.stderr
     assert git(project, "log", "-1", "--format=%s") == (

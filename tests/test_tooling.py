@@ -31,10 +31,10 @@ def test_makefile_has_the_tooling_targets() -> None:
     assert {"lint", "format", "typecheck", "tensorboard", "new-project", "test"} <= make_targets()
 
 
-def test_pre_commit_runs_ruff_and_strips_notebooks() -> None:
+def test_pre_commit_runs_make_lints_checks_and_refuses_notebook_outputs() -> None:
     config = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())
     hooks = {h["id"] for repo in config["repos"] for h in repo["hooks"]}
-    assert {"ruff", "ruff-format", "nbstripout", "mypy"} <= hooks
+    assert {"ruff", "ruff-format", "mypy", "notebooks", "secrets"} <= hooks
 
 
 def test_ci_runs_the_readme_commands_with_nothing_pre_installed() -> None:

@@ -37,7 +37,7 @@ from fasttrain.cli.build import build_checked, construct_each
 from fasttrain.cli.claim import LOCK_FILE as LOCK_FILE  # tests import it from here
 from fasttrain.cli.claim import RunClaim, claim_run_dir
 from fasttrain.config.errors import DivergedError, UserError
-from fasttrain.config.project import CONFIG_DIR, shown
+from fasttrain.config.project import CONFIG_DIR, load_env_file, shown
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ def wants_app_help(argv: list[str]) -> bool:
 def entry(config_name: str, task: Callable[[Any], Any]) -> None:
     """Run `task(cfg)` on conf/<config_name>.yaml composed with the command line."""
     argv = sys.argv[1:]
+    load_env_file()  # before anything reads the environment (FASTTRAIN_ROOT, the trackers)
     run_task(check_root)
     if wants_app_help(argv):
         from fasttrain.cli.help import print_app_help  # only then

@@ -109,6 +109,7 @@ def _check(config_name: str, argv: list[str], flags: Any) -> Checked:
     config_name = flags.config_name or config_name
     overrides: list[str] = list(flags.overrides or [])
     parsed = _parse(overrides)
+    refuse_secrets(parsed)
     sweeps = [o for o in parsed if o.is_sweep_override()]
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     first = [*fixed, *(f"{o.get_key_element()}={_values(o)[0]}" for o in sweeps if _values(o))]
@@ -136,6 +137,25 @@ def _check(config_name: str, argv: list[str], flags: Any) -> Checked:
         if combination != first:
             jobs.append(_without_hydra(_check_job(config_name, combination, overrides, True)))
     return Checked(jobs)
+
+
+# A credential given as an override would be written to .hydra/, the trackers and checkpoints.
+_SECRET_KEY = re.compile(r"(api_key|password|token|secret)$", re.I)
+_SECRET_VALUE = re.compile(r"[0-9a-f]{40}|[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@.*", re.I)
+
+
+def refuse_secrets(parsed: list[Any]) -> None:
+    """UserError for an override whose key names a secret or whose value is one (a W&B key's
+    40 hex digits, a URI with user:password@), before anything records the command line."""
+    for override in parsed:
+        value = override.input_line.partition("=")[2].strip("'\"")
+        named = _SECRET_KEY.search(override.key_or_group) and value not in ("", "null")
+        if named or _SECRET_VALUE.fullmatch(value):
+            raise UserError(
+                f"{override.input_line}: a secret given on the command line would be saved in "
+                ".hydra/config.yaml, the tracker's params and every checkpoint; put it in the "
+                "environment or .env (see .env.example)"
+            )
 
 
 def _hydra_flags(argv: list[str]) -> Any:

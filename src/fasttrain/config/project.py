@@ -33,6 +33,27 @@ def config_dir() -> str:
     )
 
 
+def load_env_file() -> None:
+    """The project's .env (beside its conf/), read into the environment once, at start-up, so
+    the trackers find their keys there (.env.example names them). A variable already set wins:
+    the shell, a scheduler or CI can always override the file. python-dotenv is imported only
+    where there is a .env (a --help stays quick)."""
+    global _ENV_LOADED
+    if _ENV_LOADED:
+        return
+    _ENV_LOADED = True
+    env = Path(sys.modules[__name__].CONFIG_DIR).parent / ".env"  # the folder holding conf/
+    if env.is_file():
+        from dotenv import dotenv_values
+
+        for key, value in dotenv_values(env).items():
+            if value and key not in os.environ:  # a blank entry (.env.example's) sets nothing
+                os.environ[key] = value
+
+
+_ENV_LOADED = False
+
+
 def _refuse(message: str) -> NoReturn:
     """Bad input before any entry point's own error handling exists: one line, exit 2."""
     print(f"error: {message}", file=sys.stderr)

@@ -92,7 +92,7 @@ def test_wine_fold_val_rows_are_disjoint_and_test_rows_shared() -> None:
     [
         (["data.fold=5"], "data.fold=5: expected 0..4 (data.num_folds=5) or null"),
         (["data.num_folds=1", "data.fold=0"], "data.num_folds=1: expected an int >= 2"),
-        (["data.fold=-1"], "data.fold=-1: expected 0..4"),
+        (["data.fold=-1"], "data.fold=-1: expected an int >= 0 (below data.num_folds), or null"),
     ],
 )
 def test_bad_fold_settings_fail_in_one_line(overrides: list[str], message: str) -> None:

@@ -164,7 +164,8 @@ def test_bpe_is_trained_on_the_training_split_and_round_trips(tmp_path: Path) ->
         (dict(vocab_size=70000, tokenizer="bpe", token_dtype="uint16"),
          "data.token_dtype=uint16: the vocabulary of 70000 tokens does not fit"),
         (dict(vocab_size=512), "vocab_size=512: the byte tokenizer has 256 symbols"),
-        (dict(tokenizer="bpe", vocab_size=200), "vocab_size=200: a byte-level BPE has the 256"),
+        (dict(tokenizer="bpe", vocab_size=200), "vocab_size=200: expected an int >= 256"),
+        (dict(tokenizer="bpe", vocab_size=256), "vocab_size=256: a byte-level BPE has the 256"),
     ],
 )  # fmt: skip
 def test_bad_settings_are_refused_when_built(args: dict, message: str) -> None:

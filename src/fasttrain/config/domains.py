@@ -19,7 +19,7 @@ import math
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fasttrain.config.errors import ConfigError
 
@@ -98,21 +98,31 @@ def AtLeast(low: float, what: str = "", note: str = "", null: str = "") -> Range
 
 @dataclass(frozen=True)
 class Domain:
-    """What an annotation declares: its range, its number type, whether null is allowed."""
+    """What an annotation declares: its range, its number type, whether null is allowed, and
+    the values of a Literal beside it (`Annotated[int, AtLeast(0)] | Literal["auto"]`)."""
 
     range: Range
     kind: type
     nullable: bool
     listed: bool  # a list of such numbers (not empty) is admitted too
+    choices: tuple[Any, ...] = ()  # the values of a Literal beside it ("auto"), admitted as such
 
     def admits(self, value: Any) -> bool:
+        if isinstance(value, str) and value in self.choices:
+            return True
         if isinstance(value, Sequence) and not isinstance(value, str):  # a ListConfig too
             some = bool(value) or self.range.empty
-            return self.listed and some and all(map(self.range.holds, value))
-        return (value is None and self.nullable) or self.range.holds(value)
+            return self.listed and some and all(map(self._holds, value))
+        return (value is None and self.nullable) or self._holds(value)
+
+    def _holds(self, value: Any) -> bool:
+        # An int's domain holds ints only: 2.5 blocks or workers, built in Python, are refused
+        # here as the config check's type check refuses them.
+        return self.range.holds(value) and (self.kind is float or isinstance(value, int))
 
     def says(self, value: Any = None) -> str:
-        return self.range.says(self.kind, self.nullable, value)
+        text = self.range.says(self.kind, self.nullable, value)
+        return text + "".join(f" or {c!r}" for c in self.choices)
 
 
 def domain_of(annotation: Any) -> Domain | None:
@@ -129,7 +139,9 @@ def domain_of(annotation: Any) -> Domain | None:
                 numbers = {*inner, *items} & {int, float}
                 kind = int if numbers == {int} else float
                 nullable = nullable or type(None) in inner
-                return Domain(found, kind, nullable, listed=bool(items))
+                choices = [a for m in members if typing.get_origin(m) is Literal
+                           for a in typing.get_args(m)]  # fmt: skip
+                return Domain(found, kind, nullable, listed=bool(items), choices=tuple(choices))
     return None
 
 

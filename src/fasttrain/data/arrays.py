@@ -13,15 +13,15 @@ mean/std per feature (tabular data) or one for all values (pixels).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from fasttrain.config.errors import ConfigError, check_shape
-from fasttrain.data.base import TensorDataModule
+from fasttrain.config.domains import Shape, check_arguments
+from fasttrain.config.errors import ConfigError
+from fasttrain.data.base import Classes, Fold, Fraction, NumFolds, Seed, TensorDataModule
 from fasttrain.data.checks import (
     Sizes,
     check_class_sizes,
@@ -65,25 +65,26 @@ class ArraySplits(TensorDataModule):
 
     def __init__(
         self,
-        input_shape: Sequence[int],
+        input_shape: Shape,
         standardize: Standardize = "per_feature",
-        val_fraction: float = 0.15,
-        test_fraction: float = 0.2,
-        seed: int = 42,
-        num_folds: int = 5,
-        fold: int | None = None,
+        val_fraction: Fraction = 0.15,
+        test_fraction: Fraction = 0.2,
+        seed: Seed = 42,
+        num_folds: NumFolds = 5,
+        fold: Fold = None,
         **loader: Any,
     ) -> None:
         super().__init__(
             val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, **loader
         )
+        check_arguments(ArraySplits.__init__, locals())
         check_folds(num_folds, fold)
         self.num_folds, self.fold = num_folds, fold
         if standardize not in ("per_feature", "global", "none"):
             raise ConfigError(
                 "standardize", standardize, "expected one of 'per_feature', 'global', 'none'"
             )
-        self.input_shape = check_shape(input_shape)
+        self.input_shape = tuple(input_shape)
         self.standardize = standardize
 
     def load_arrays(self) -> tuple[Any, Any]:
@@ -191,20 +192,19 @@ class ArrayDataModule(ArraySplits):
 
     def __init__(
         self,
-        num_classes: int,
-        input_shape: Sequence[int],
+        num_classes: Classes,
+        input_shape: Shape,
         standardize: Standardize = "per_feature",
-        val_fraction: float = 0.15,
-        test_fraction: float = 0.2,
-        seed: int = 42,
-        num_folds: int = 5,
-        fold: int | None = None,
+        val_fraction: Fraction = 0.15,
+        test_fraction: Fraction = 0.2,
+        seed: Seed = 42,
+        num_folds: NumFolds = 5,
+        fold: Fold = None,
         **loader: Any,
     ) -> None:
         super().__init__(input_shape, standardize, val_fraction, test_fraction, seed, num_folds,
                          fold, **loader)  # fmt: skip
-        if num_classes < 2:
-            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
+        check_arguments(ArrayDataModule.__init__, locals())
         self.num_classes = num_classes
         self.save_hyperparameters()
 

@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import lightning as L
 import torch
@@ -17,7 +17,9 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, TensorDataset
 
+from fasttrain.config.domains import AtLeast, Range, check_arguments
 from fasttrain.config.errors import ConfigError
+from fasttrain.config.settings import Seed
 from fasttrain.data.batches import Batched, as_batch, device_loader
 from fasttrain.data.checks import Sizes
 from fasttrain.data.resumable import ResumableLoader, first_epoch
@@ -88,18 +90,17 @@ def max_workers() -> int:
     return max(64, 4 * cpu_count())
 
 
-def check_num_workers(num_workers: Any, auto: bool = True) -> None:
-    """num_workers: an int in 0..max_workers() (or "auto" where `auto`)."""
-    if auto and num_workers == "auto":
-        return
-    most = max_workers()
-    if (
-        isinstance(num_workers, bool)
-        or not isinstance(num_workers, int)
-        or not (0 <= num_workers <= most)
-    ):
-        valid = f"expected an int >= 0 and <= {most} (4 per CPU, at least 64)"
-        raise ConfigError("num_workers", num_workers, valid + (" or 'auto'" if auto else ""))
+# The domains of the arguments the data sets share, each declared once (fasttrain.config.domains):
+# every battery's signature uses these, so the config check and the Python constructor say the
+# same. Seed is the run's own (fasttrain.config.settings); an input shape is config.domains.Shape.
+BatchSize = Annotated[int, AtLeast(1)]
+# the bound is this machine's, as fasttrain.data.base is imported
+Workers = Annotated[int, Range(0, max_workers(), note="4 per CPU, at least 64")]
+PrefetchFactor = Annotated[int | None, AtLeast(1)]
+Fraction = Annotated[float, Range(0, 1, low_open=True, high_open=True, what="a fraction")]
+Classes = Annotated[int, AtLeast(2)]
+NumFolds = Annotated[int, AtLeast(2)]
+Fold = Annotated[int | None, AtLeast(0, note="below data.num_folds", null="off")]
 
 
 def resolve_pin_memory(pin_memory: bool | Auto) -> bool:
@@ -110,10 +111,7 @@ def resolve_pin_memory(pin_memory: bool | Auto) -> bool:
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
-    """The held-out shares of a split: each in (0, 1), together below 1."""
-    for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-        if not 0.0 < frac < 1.0:
-            raise ConfigError(name, frac, "expected a fraction strictly between 0 and 1")
+    """The held-out shares of a split together below 1 (each is a Fraction, declared)."""
     if val_fraction + test_fraction >= 1.0:
         raise ConfigError("val_fraction", val_fraction, "val_fraction + test_fraction must be < 1")
 
@@ -189,18 +187,19 @@ class TensorDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        batch_size: int = 64,
-        num_workers: int | Auto = "auto",
+        batch_size: BatchSize = 64,
+        num_workers: Workers | Auto = "auto",
         pin_memory: bool | Auto = "auto",
         persistent_workers: bool = True,
-        prefetch_factor: int | None = 2,
-        val_fraction: float = 0.15,
-        test_fraction: float = 0.2,
-        seed: int = 42,
+        prefetch_factor: PrefetchFactor = 2,
+        val_fraction: Fraction = 0.15,
+        test_fraction: Fraction = 0.2,
+        seed: Seed = 42,
         device_prefetch: bool = False,
         on_device: bool = False,
     ) -> None:
         super().__init__()
+        check_arguments(TensorDataModule.__init__, locals())
         if not isinstance(on_device, bool):
             raise ConfigError("on_device", on_device, "expected true or false")
         if on_device and num_workers not in ("auto", 0):
@@ -209,11 +208,6 @@ class TensorDataModule(L.LightningDataModule):
                 f"batches are gathered on the device, in the training process: set "
                 f"data.num_workers=0 (or auto), not {num_workers}",
             )  # fmt: skip
-        if batch_size < 1:
-            raise ConfigError("batch_size", batch_size, "expected an int >= 1")
-        check_num_workers(num_workers)
-        if prefetch_factor is not None and prefetch_factor < 1:
-            raise ConfigError("prefetch_factor", prefetch_factor, "expected an int >= 1 or null")
         check_fractions(val_fraction, test_fraction)
         self.batch_size = batch_size
         self.num_workers = 0 if num_workers == "auto" else num_workers

@@ -26,7 +26,7 @@ import shutil
 import tarfile
 import tempfile
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from fasttrain.config.domains import Shape, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.data.augment import PadCropFlip, augment_training_batch
+from fasttrain.data.base import Classes, Fraction
 from fasttrain.data.batches import Batched, device_loader
 from fasttrain.data.images import ImageDataModule, Images, pillow, shuffled, stratified_split
 
@@ -64,21 +66,18 @@ class Cifar10DataModule(ImageDataModule):
     def __init__(
         self,
         path: str,
-        num_classes: int,
-        input_shape: Sequence[int],
+        num_classes: Classes,
+        input_shape: Shape,
         download: bool = False,
-        val_fraction: float = 0.1,
+        val_fraction: Fraction = 0.1,
         on_device: bool = False,
         **images: Any,
     ) -> None:
         _check_on_device(on_device, images)
         super().__init__(num_classes, input_shape, **images)
-        if num_classes != 10:
+        check_arguments(Cifar10DataModule.__init__, locals())
+        if num_classes != 10:  # the data set's own count (the model interpolates it from here)
             raise ConfigError("num_classes", num_classes, "CIFAR-10 has 10 classes")
-        if not 0.0 < val_fraction < 1.0:
-            raise ConfigError(
-                "val_fraction", val_fraction, "expected a fraction strictly between 0 and 1"
-            )
         self.path, self.val_fraction = Path(path), val_fraction
         self.folder, self.binary = locate(self.path)
         if self.folder is None and download:

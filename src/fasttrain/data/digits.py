@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from sklearn.datasets import load_digits
 
-from fasttrain.config.errors import ConfigError, check_shape
+from fasttrain.config.domains import AtLeast, Shape, check_arguments
+from fasttrain.config.errors import ConfigError
 from fasttrain.data.arrays import ArrayDataModule, Standardize
+from fasttrain.data.base import Fraction, Seed
 
 DIGITS_SHAPE = (1, 8, 8)
 DIGITS_CLASSES = 10
@@ -24,20 +25,21 @@ class DigitsDataModule(ArrayDataModule):
 
     def __init__(
         self,
-        val_fraction: float = 0.15,
-        test_fraction: float = 0.2,
-        seed: int = 42,
-        num_classes: int = DIGITS_CLASSES,
-        input_shape: Sequence[int] = DIGITS_SHAPE,
+        val_fraction: Fraction = 0.15,
+        test_fraction: Fraction = 0.2,
+        seed: Seed = 42,
+        # more than 10 is allowed (classes the data never shows); fewer fails the labels
+        num_classes: Annotated[int, AtLeast(DIGITS_CLASSES, note="digits has labels 0..9")] = (
+            DIGITS_CLASSES
+        ),
+        input_shape: Shape = DIGITS_SHAPE,
         standardize: Standardize = "global",
         **loader: Any,
     ) -> None:
-        if check_shape(input_shape) != DIGITS_SHAPE:
+        # checked now, not when the data loads inside fit()
+        check_arguments(DigitsDataModule.__init__, locals())
+        if tuple(input_shape) != DIGITS_SHAPE:
             raise ConfigError("input_shape", list(input_shape), f"digits are {list(DIGITS_SHAPE)}")
-        if num_classes < DIGITS_CLASSES:  # checked now, not when the data loads inside fit()
-            raise ConfigError(
-                "num_classes", num_classes, f"digits has labels 0..9; expected >= {DIGITS_CLASSES}"
-            )
         super().__init__(
             num_classes, input_shape, standardize, val_fraction, test_fraction, seed, **loader
         )

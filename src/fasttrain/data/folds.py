@@ -22,11 +22,11 @@ from fasttrain.data.checks import Sizes
 
 
 def check_folds(num_folds: int, fold: int | None) -> None:
-    """Constructor-time checks (before a run writes anything); the size checks need the rows:
-    the data module's (fasttrain.data.checks, with `fold_sizes`) and `fold_indices`' own."""
-    if num_folds < 2:
-        raise ConfigError("num_folds", num_folds, "expected an int >= 2")
-    if fold is not None and not 0 <= fold < num_folds:
+    """`fold` one of the `num_folds` (each declared on its own: fasttrain.data.base.NumFolds,
+    Fold), checked when the module is built, before a run writes anything; the size checks
+    need the rows: the data module's (fasttrain.data.checks, with `fold_sizes`) and
+    `fold_indices`' own."""
+    if fold is not None and fold >= num_folds:
         raise ConfigError(
             "fold", fold, f"expected 0..{num_folds - 1} (data.num_folds={num_folds}) or null"
         )

@@ -20,8 +20,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from fasttrain.config.domains import Shape, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.data.base import SPLIT_RECORD, check_fractions
+from fasttrain.data.base import SPLIT_RECORD, Classes, Fraction, check_fractions
 from fasttrain.data.images import (
     IMAGE_SUFFIXES,
     ImageDataModule,
@@ -53,17 +54,18 @@ class ImageFolderDataModule(ImageDataModule):
     def __init__(
         self,
         path: str,
-        num_classes: int,
-        input_shape: Sequence[int],
+        num_classes: Classes,
+        input_shape: Shape,
         classes: Sequence[str] | None = None,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_fraction: Fraction = 0.1,
+        test_fraction: Fraction = 0.1,
         **images: Any,
     ) -> None:
         # The folder first: its own errors (no such folder, one class folder) say more than
         # the class count derived from it (data.num_classes counts the folders by default).
         class_names, files = scan(Path(path), classes)
         super().__init__(num_classes, input_shape, **images)
+        check_arguments(ImageFolderDataModule.__init__, locals())
         check_fractions(val_fraction, test_fraction)
         self.path = Path(path)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction

@@ -19,16 +19,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fasttrain.config.domains import NonNegative, Range, Shape, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.data.base import (
-    check_num_workers,
+    Auto,
+    BatchSize,
+    Classes,
+    PrefetchFactor,
+    Seed,
+    Workers,
     resolve_num_workers,
     resolve_pin_memory,
     worker_init,
@@ -40,6 +46,14 @@ Crop = Literal["none", "resized", "pad"]
 # What Pillow decodes in every build; other files in a class folder are ignored.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 ImageLike = Any  # a PIL.Image.Image or a uint8 array [H, W, C]
+# Normalisation in pixel units, one value or one per channel (the count is checked by hand: it
+# follows data.channels).
+PER_CHANNEL = "one value, or one per channel"
+Mean = Annotated[float | Sequence[float], Range(what="a mean", note=PER_CHANNEL)]
+Std = Annotated[float | Sequence[float], Range(0, low_open=True, what="a std", note=PER_CHANNEL)]
+# Two numbers each: their count (and scale's low <= high) is checked by hand.
+ImageSize = Annotated[Sequence[int], Range(1, what="[H, W], ints")]
+Scale = Annotated[Sequence[float], Range(0, 1, low_open=True, what="[low, high]")]
 
 
 def pillow() -> Any:
@@ -167,31 +181,29 @@ class ImageDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        num_classes: int,
-        input_shape: Sequence[int],
-        channels: int = 3,
-        image_size: Sequence[int] = (32, 32),
-        mean: float | Sequence[float] = 127.5,
-        std: float | Sequence[float] = 127.5,
+        num_classes: Classes,
+        input_shape: Shape,
+        channels: Literal[1, 3] = 3,
+        image_size: ImageSize = (32, 32),
+        mean: Mean = 127.5,
+        std: Std = 127.5,
         crop: Crop = "none",
-        padding: int = 4,
-        scale: Sequence[float] = (0.35, 1.0),
+        padding: Annotated[int, NonNegative] = 4,
+        scale: Scale = (0.35, 1.0),
         flip: bool = True,
-        batch_size: int = 64,
-        num_workers: int | Literal["auto"] = "auto",
-        pin_memory: bool | Literal["auto"] = "auto",
+        batch_size: BatchSize = 64,
+        num_workers: Workers | Auto = "auto",
+        pin_memory: bool | Auto = "auto",
         persistent_workers: bool = True,
-        prefetch_factor: int | None = 2,
+        prefetch_factor: PrefetchFactor = 2,
         device_prefetch: bool = False,
-        seed: int = 42,
+        seed: Seed = 42,
     ) -> None:
         super().__init__()
-        check_loader_args(batch_size, num_workers, prefetch_factor)
-        if num_classes < 2:
-            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
-        if channels not in (1, 3):
+        check_arguments(ImageDataModule.__init__, locals())
+        if channels not in (1, 3):  # a Literal: the config check's, not check_arguments'
             raise ConfigError("channels", channels, "expected 1 (grey) or 3 (RGB)")
-        if len(image_size) != 2 or any(not isinstance(d, int) or d < 1 for d in image_size):
+        if len(image_size) != 2:
             raise ConfigError("image_size", list(image_size), "expected [H, W], ints >= 1")
         if list(input_shape) != [channels, *image_size]:
             raise ConfigError(
@@ -201,9 +213,7 @@ class ImageDataModule(L.LightningDataModule):
             )  # fmt: skip
         if crop not in ("none", "resized", "pad"):
             raise ConfigError("crop", crop, "expected one of 'none', 'resized', 'pad'")
-        if padding < 0:
-            raise ConfigError("padding", padding, "expected an int >= 0")
-        if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
+        if len(scale) != 2 or scale[0] > scale[1]:
             raise ConfigError(
                 "scale", list(scale), "expected [low, high] with 0 < low <= high <= 1"
             )
@@ -211,8 +221,6 @@ class ImageDataModule(L.LightningDataModule):
             _per_channel(mean, "mean", channels),
             _per_channel(std, "std", channels),
         )
-        if min(self.std) <= 0:
-            raise ConfigError("std", std, "expected values > 0")
         self.num_classes, self.channels = num_classes, channels
         self.input_shape, self.image_size = tuple(input_shape), (image_size[0], image_size[1])
         self.augment: dict[str, Any] = {
@@ -294,16 +302,6 @@ class Images(Dataset):
         epoch, i = divmod(int(k), len(self.items))
         generator = torch.Generator().manual_seed(position_seed(self.seed, epoch, i))
         return self.transform(self.load(self.items[i]), generator), int(self.labels[i])
-
-
-def check_loader_args(
-    batch_size: int, num_workers: int | Literal["auto"], prefetch_factor: int | None
-) -> None:
-    if batch_size < 1:
-        raise ConfigError("batch_size", batch_size, "expected an int >= 1")
-    check_num_workers(num_workers)
-    if prefetch_factor is not None and prefetch_factor < 1:
-        raise ConfigError("prefetch_factor", prefetch_factor, "expected an int >= 1 or null")
 
 
 def open_image(path: Path) -> Any:

@@ -9,7 +9,6 @@ then (x is memory-mapped). NaN or inf in a float x.npy is refused when x is read
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,17 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from fasttrain.config.errors import ConfigError, check_shape
-from fasttrain.data.base import TensorDataModule, floor_sizes
+from fasttrain.config.domains import Shape, check_arguments
+from fasttrain.config.errors import ConfigError
+from fasttrain.data.base import (
+    Classes,
+    Fold,
+    Fraction,
+    NumFolds,
+    Seed,
+    TensorDataModule,
+    floor_sizes,
+)
 from fasttrain.data.checks import check_class_sizes, check_finite_served, check_rows, needs_text
 from fasttrain.data.folds import check_folds, fold_indices, fold_sizes
 
@@ -34,24 +42,23 @@ class NpyDataModule(TensorDataModule):
     def __init__(
         self,
         path: str,
-        num_classes: int,
-        input_shape: Sequence[int],
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
-        seed: int = 42,
-        num_folds: int = 5,
-        fold: int | None = None,
+        num_classes: Classes,
+        input_shape: Shape,
+        val_fraction: Fraction = 0.1,
+        test_fraction: Fraction = 0.1,
+        seed: Seed = 42,
+        num_folds: NumFolds = 5,
+        fold: Fold = None,
         **loader: Any,
     ) -> None:
         super().__init__(
             val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, **loader
         )
+        check_arguments(NpyDataModule.__init__, locals())
         check_folds(num_folds, fold)
         self.num_folds, self.fold = num_folds, fold
-        if num_classes < 2:
-            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         self.path, self.num_classes = Path(path), num_classes
-        self.input_shape = check_shape(input_shape)
+        self.input_shape = tuple(input_shape)
         x, y = self._open("x"), self._open("y")
         # float128 (long double) too: torch has no such type, and failed to convert it at setup
         if x.dtype not in (np.float16, np.float32, np.float64, np.uint8):

@@ -12,14 +12,15 @@ their training-split mean and std, which a regression task standardises them wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
+from fasttrain.config.domains import AtLeast, Shape, check_arguments
 from fasttrain.config.errors import ConfigError
 from fasttrain.data.arrays import ArraySplits, Standardize
+from fasttrain.data.base import Fold, Fraction, NumFolds, Seed
 from fasttrain.data.checks import check_finite_served
 
 
@@ -36,20 +37,19 @@ class RegressionArrayDataModule(ArraySplits):
 
     def __init__(
         self,
-        num_targets: int,
-        input_shape: Sequence[int],
+        num_targets: Annotated[int, AtLeast(1)],
+        input_shape: Shape,
         standardize: Standardize = "per_feature",
-        val_fraction: float = 0.15,
-        test_fraction: float = 0.2,
-        seed: int = 42,
-        num_folds: int = 5,
-        fold: int | None = None,
+        val_fraction: Fraction = 0.15,
+        test_fraction: Fraction = 0.2,
+        seed: Seed = 42,
+        num_folds: NumFolds = 5,
+        fold: Fold = None,
         **loader: Any,
     ) -> None:
         super().__init__(input_shape, standardize, val_fraction, test_fraction, seed, num_folds,
                          fold, **loader)  # fmt: skip
-        if num_targets < 1:
-            raise ConfigError("num_targets", num_targets, "expected an int >= 1")
+        check_arguments(RegressionArrayDataModule.__init__, locals())
         self.num_targets = num_targets
         self.save_hyperparameters()
 

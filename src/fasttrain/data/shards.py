@@ -39,20 +39,22 @@ import shutil
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from fasttrain.config.domains import AtLeast, Shape, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.data.base import worker_init
+from fasttrain.data.base import Classes, worker_init
 from fasttrain.data.images import IMAGE_SUFFIXES, ImageDataModule, pillow, upright_8bit
 
 META = "meta.json"
 FORMAT = "fasttrain-shards/1"
 SPLITS = ("train", "val", "test")
 IMAGE_KEYS = tuple(s.lstrip(".") for s in IMAGE_SUFFIXES)
+ShardSize = Annotated[int, AtLeast(1, note="samples per shard")]
 
 
 def webdataset() -> Any:
@@ -63,13 +65,12 @@ def webdataset() -> Any:
     return wds
 
 
-def write_shards(datamodule: Any, out: Path, shard_size: int = 1000) -> dict[str, Any]:
+def write_shards(datamodule: Any, out: Path, shard_size: ShardSize = 1000) -> dict[str, Any]:
     """Write every split of `datamodule` (an image data module with `encoded(split)`) as shards
     into `out`, which must not exist or be empty. All or nothing: written beside `out`, then
     renamed into place. Returns the meta data (also in out/meta.json)."""
+    check_arguments(write_shards, locals())
     wds = webdataset()
-    if shard_size < 1:
-        raise ConfigError("shard_size", shard_size, "expected an int >= 1")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"output_dir={out}: exists and is not empty; choose a new folder")
     tmp = out.with_name(f".{out.name}.partial")
@@ -304,14 +305,13 @@ class ShardsDataModule(ImageDataModule):
     def __init__(
         self,
         path: str,
-        num_classes: int,
-        input_shape: Sequence[int],
-        shuffle_buffer: int = 1000,
+        num_classes: Classes,
+        input_shape: Shape,
+        shuffle_buffer: Annotated[int, AtLeast(1)] = 1000,
         **images: Any,
     ) -> None:
         super().__init__(num_classes, input_shape, **images)
-        if shuffle_buffer < 1:
-            raise ConfigError("shuffle_buffer", shuffle_buffer, "expected an int >= 1")
+        check_arguments(ShardsDataModule.__init__, locals())
         self.path, self.shuffle_buffer = str(path).rstrip("/"), shuffle_buffer
         self.meta = read_meta(self.path)
         self.class_names = list(self.meta["class_names"])

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch.utils.data import TensorDataset
 
-from fasttrain.config.errors import ConfigError, check_shape
-from fasttrain.data.base import TensorDataModule, floor_sizes
+from fasttrain.config.domains import AtLeast, Shape, check_arguments
+from fasttrain.config.errors import ConfigError
+from fasttrain.data.base import Classes, Fraction, Seed, TensorDataModule, floor_sizes
 from fasttrain.data.checks import fewest_rows, meets
 
 
@@ -22,17 +22,19 @@ class SyntheticDataModule(TensorDataModule):
 
     def __init__(
         self,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
-        seed: int = 42,
-        num_samples: int = 4096,
-        num_classes: int = 10,
-        input_shape: Sequence[int] = (3, 32, 32),
+        val_fraction: Fraction = 0.1,
+        test_fraction: Fraction = 0.1,
+        seed: Seed = 42,
+        num_samples: Annotated[int, AtLeast(3, note="one in each split")] = 4096,
+        num_classes: Classes = 10,
+        input_shape: Shape = (3, 32, 32),
         **loader: Any,
     ) -> None:
         super().__init__(
             val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, **loader
         )
+        check_arguments(SyntheticDataModule.__init__, locals())
+        # one row in each split: large fractions need more than 3 rows (0.9 and 0.05 need 11)
         sizes = floor_sizes(val_fraction, test_fraction)
         if not meets(sizes, (1, 1, 1), num_samples):  # the config alone tells: refused at once
             least = fewest_rows(sizes, (1, 1, 1))
@@ -41,10 +43,8 @@ class SyntheticDataModule(TensorDataModule):
                 f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} need "
                 f"at least {least} (one in each split)",
             )  # fmt: skip
-        if num_classes < 2:
-            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         self.num_samples, self.num_classes = num_samples, num_classes
-        self.input_shape = check_shape(input_shape)
+        self.input_shape = tuple(input_shape)
         self.save_hyperparameters()
 
     def input_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import lightning as L
 import numpy as np
@@ -36,8 +36,16 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from fasttrain.config.domains import AtLeast, Shape, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.data.base import check_fractions, check_num_workers, resolve_pin_memory
+from fasttrain.data.base import (
+    BatchSize,
+    Fraction,
+    Seed,
+    Workers,
+    check_fractions,
+    resolve_pin_memory,
+)
 from fasttrain.data.batches import as_batch
 from fasttrain.data.corpus import (
     SPLITS,
@@ -59,6 +67,9 @@ from fasttrain.data.tokenizer import (
 CACHE_VERSION = 1
 UINT16_VOCAB = 1 << 16
 TokenDtype = Literal["auto", "uint16", "uint32"]
+Count = Annotated[int, AtLeast(1)]  # of tokens or windows
+# 256 for the byte tokenizer, more for a BPE: which one is checked with data.tokenizer
+VocabSize = Annotated[int, AtLeast(BYTE_VOCAB, note="the 256 byte symbols, plus a BPE's merges")]
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -139,25 +150,25 @@ class TextDataModule(L.LightningDataModule):
         self,
         path: str | None = None,
         tokenizer: Literal["byte", "bpe"] = "byte",
-        vocab_size: int = BYTE_VOCAB,
+        vocab_size: VocabSize = BYTE_VOCAB,
         tokenizer_file: str | None = None,
-        block_size: int = 256,
-        batch_size: int = 32,
-        windows_per_epoch: int = 4096,
-        eval_windows: int = 256,
-        val_fraction: float = 0.05,
-        test_fraction: float = 0.05,
-        seed: int = 42,
+        block_size: Count = 256,
+        batch_size: BatchSize = 32,
+        windows_per_epoch: Count = 4096,
+        eval_windows: Count = 256,
+        val_fraction: Fraction = 0.05,
+        test_fraction: Fraction = 0.05,
+        seed: Seed = 42,
         cache_dir: str = "data/text",
         token_dtype: TokenDtype = "auto",
-        num_workers: int = 0,
+        num_workers: Workers = 0,
         pin_memory: bool | Literal["auto"] = "auto",
         on_device: bool = False,
-        input_shape: Sequence[int] | None = None,
+        input_shape: Shape | None = None,
     ) -> None:
         super().__init__()
-        _check_args(tokenizer, vocab_size, block_size, batch_size, windows_per_epoch,
-                    eval_windows, token_dtype, num_workers, on_device)  # fmt: skip
+        check_arguments(TextDataModule.__init__, locals())
+        _check_args(tokenizer, vocab_size, token_dtype, num_workers, on_device)
         check_fractions(val_fraction, test_fraction)
         self.save_hyperparameters()
         self.path, self.tokenizer_kind, self.vocab_size = path, tokenizer, vocab_size
@@ -355,27 +366,22 @@ class TextDataModule(L.LightningDataModule):
         return self._fixed_loader("test")
 
 
-def _check_args(tokenizer: str, vocab_size: int, block_size: int, batch_size: int,
-                windows_per_epoch: int, eval_windows: int, token_dtype: str, num_workers: int,
+def _check_args(tokenizer: str, vocab_size: int, token_dtype: str, num_workers: int,
                 on_device: bool) -> None:  # fmt: skip
+    """What the declared domains cannot say: a string's choices when built in Python, the
+    vocabulary each tokenizer has, and on_device without loader workers."""
     if tokenizer not in ("byte", "bpe"):
         raise ConfigError("tokenizer", tokenizer, "expected byte or bpe")
-    sizes = (("block_size", block_size), ("batch_size", batch_size),
-             ("windows_per_epoch", windows_per_epoch), ("eval_windows", eval_windows))  # fmt: skip
-    for name, value in sizes:
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(name, value, "expected an int >= 1")
     if tokenizer == "byte" and vocab_size != BYTE_VOCAB:
         raise ConfigError("vocab_size", vocab_size,
                           "the byte tokenizer has 256 symbols; for another size train a BPE: "
                           "data.tokenizer=bpe")  # fmt: skip
-    if tokenizer == "bpe" and (not isinstance(vocab_size, int) or vocab_size <= BYTE_VOCAB):
+    if tokenizer == "bpe" and vocab_size == BYTE_VOCAB:
         raise ConfigError("vocab_size", vocab_size,
                           "a byte-level BPE has the 256 byte symbols plus its merges: expected "
                           "an int > 256 (e.g. 4096)")  # fmt: skip
     if token_dtype not in ("auto", "uint16", "uint32"):
         raise ConfigError("token_dtype", token_dtype, "expected auto, uint16 or uint32")
-    check_num_workers(num_workers, auto=False)
     if on_device and num_workers:
         raise ConfigError(
             "on_device", on_device, "windows are gathered on the device: set data.num_workers=0"

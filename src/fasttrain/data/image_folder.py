@@ -18,11 +18,11 @@ import hashlib
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fasttrain.config.domains import Shape, check_arguments
+from fasttrain.config.domains import NonNegative, Shape, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.data.base import SPLIT_RECORD, Classes, Fraction, check_fractions
+from fasttrain.data.base import SPLIT_RECORD, Fraction, check_fractions
 from fasttrain.data.images import (
     IMAGE_SUFFIXES,
     ImageDataModule,
@@ -54,7 +54,9 @@ class ImageFolderDataModule(ImageDataModule):
     def __init__(
         self,
         path: str,
-        num_classes: Classes,
+        # Not Classes (>= 2): the count comes from the folder, and the folder's own error (one
+        # class folder) says more; ImageDataModule checks it >= 2 after the scan.
+        num_classes: Annotated[int, NonNegative],
         input_shape: Shape,
         classes: Sequence[str] | None = None,
         val_fraction: Fraction = 0.1,

@@ -13,6 +13,8 @@ from fasttrain.data.base import Fraction, Seed
 
 DIGITS_SHAPE = (1, 8, 8)
 DIGITS_CLASSES = 10
+# more than 10 is allowed (classes the data never shows); fewer cannot hold its labels
+DigitClasses = Annotated[int, AtLeast(DIGITS_CLASSES, note="digits has labels 0..9")]
 
 
 class DigitsDataModule(ArrayDataModule):
@@ -28,10 +30,7 @@ class DigitsDataModule(ArrayDataModule):
         val_fraction: Fraction = 0.15,
         test_fraction: Fraction = 0.2,
         seed: Seed = 42,
-        # more than 10 is allowed (classes the data never shows); fewer fails the labels
-        num_classes: Annotated[int, AtLeast(DIGITS_CLASSES, note="digits has labels 0..9")] = (
-            DIGITS_CLASSES
-        ),
+        num_classes: DigitClasses = DIGITS_CLASSES,
         input_shape: Shape = DIGITS_SHAPE,
         standardize: Standardize = "global",
         **loader: Any,

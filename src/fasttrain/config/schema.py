@@ -42,7 +42,9 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
             _check_call(node, path)
             _check_optimizer(node, path)
             _check_scheduler(node, path)
-        for key in node:
+        # data first: the values the others take from it (a net's `${data.channels}`) are
+        # then refused under the data set's own name
+        for key in sorted(node, key=lambda k: k != "data") if not path else node:
             if OmegaConf.is_missing(node, key):
                 raise UserError(
                     f"{_join(path, key)} is required (it has no value; set it as an override)"

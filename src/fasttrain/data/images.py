@@ -19,13 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fasttrain.config.domains import AtLeast
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.data.base import (
     check_num_workers,
@@ -64,7 +65,7 @@ class ImageTransform:
     def __init__(
         self,
         size: Sequence[int],
-        channels: int,
+        channels: Annotated[int, AtLeast(1)],
         train: bool = False,
         crop: Crop = "none",
         padding: int = 4,
@@ -169,7 +170,7 @@ class ImageDataModule(L.LightningDataModule):
         self,
         num_classes: int,
         input_shape: Sequence[int],
-        channels: int = 3,
+        channels: Annotated[int, AtLeast(1)] = 3,
         image_size: Sequence[int] = (32, 32),
         mean: float | Sequence[float] = 127.5,
         std: float | Sequence[float] = 127.5,

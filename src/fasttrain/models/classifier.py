@@ -11,6 +11,7 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from fasttrain.config.domains import Range, check_arguments
+from fasttrain.config.errors import ConfigError
 from fasttrain.models.spec import qualname
 from fasttrain.models.task import (
     DATA_TARGET_KEY,

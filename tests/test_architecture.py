@@ -282,7 +282,7 @@ BATTERIES = {
     "deploy",
 }  # fmt: skip  (deploy: all of it)
 # today's counts, as a ratchet (issue target: <= 35 modules, <= 6,000 lines)
-MOST_MODULES, MOST_LINES = 50, 7950
+MOST_MODULES, MOST_LINES = 49, 7800
 
 
 def loaded(tmp_path: Path, *overrides: str) -> tuple[set[str], int]:

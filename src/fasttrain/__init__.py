@@ -45,6 +45,16 @@ PUBLIC = {
     # one-line errors: raise them for input a user can fix (exit code 2, nothing written)
     "UserError": "fasttrain.config.errors",
     "ConfigError": "fasttrain.config.errors",
+    # value rules declared in a signature: `lr: Annotated[float, LearningRate]`, checked at
+    # config time and, with check_arguments(Cls.__init__, locals()), when built in Python
+    "Range": "fasttrain.config.domains",
+    "AtLeast": "fasttrain.config.domains",
+    "Positive": "fasttrain.config.domains",
+    "NonNegative": "fasttrain.config.domains",
+    "Probability": "fasttrain.config.domains",
+    "OpenUnit": "fasttrain.config.domains",
+    "LearningRate": "fasttrain.config.domains",
+    "check_arguments": "fasttrain.config.domains",
     # a project's entry modules: `main, run = entry_points("train", tasks.train)`
     "entry_points": "fasttrain.cli",
     # the project's conf/ folder the entry points read (FASTTRAIN_CONF, or found from the cwd)

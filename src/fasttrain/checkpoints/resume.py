@@ -30,7 +30,6 @@ import weakref
 from pathlib import Path
 from typing import Any, cast
 
-from fasttrain.checkpoints.load import read_checkpoint
 from fasttrain.config.errors import UserError
 from fasttrain.config.project import shown
 
@@ -308,6 +307,8 @@ def _read(path: str | Path, resume: str | None = None) -> dict[str, Any]:
     ckpt = _mapped(path)
     if ckpt is not None:
         return ckpt
+    from fasttrain.checkpoints.load import read_checkpoint  # a checkpoint there: only then
+
     try:
         return read_checkpoint(path, expect="resume")
     except UserError as err:

@@ -15,7 +15,6 @@ import collections.abc as abc
 import difflib
 import inspect
 import math
-import re
 import types
 import typing
 from typing import Annotated, Any, Literal, Union, cast
@@ -36,14 +35,16 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
     """Walk `node`; check every `_target_` node it holds, and with `entry` (a config name such as
     "train") the top-level keys of that entry. Raises UserError on the first problem."""
     if entry is not None:
-        check_pairing(node)
+        settings.check_pairing(node)
         check_settings(node, entry)
     if isinstance(node, DictConfig):
         if "_target_" in node:
             _check_call(node, path)
             _check_optimizer(node, path)
             _check_scheduler(node, path)
-        for key in node:
+        # data first: the values the others take from it (a net's `${data.channels}`) are
+        # then refused under the data set's own name
+        for key in sorted(node, key=lambda k: k != "data") if not path else node:
             if OmegaConf.is_missing(node, key):
                 raise UserError(
                     f"{_join(path, key)} is required (it has no value; set it as an override)"
@@ -55,46 +56,6 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
     elif isinstance(node, ListConfig):
         for i, item in enumerate(node):
             validate(item, f"{path}[{i}]")
-
-
-def check_pairing(cfg: DictConfig) -> None:
-    """The model and data groups fit together: a value one takes from the other (the
-    classifier's `${data.num_classes}`, a regression task's `${data.num_targets}`) exists. One
-    line instead of OmegaConf's traceback when, e.g., a task meets a data set of another kind."""
-    from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
-
-    for group in ("data", "model"):
-        if isinstance(cfg.get(group), DictConfig):
-            try:
-                OmegaConf.to_container(cfg[group], resolve=True)
-            except InterpolationResolutionError as err:
-                cause = _user_error_behind(err)
-                if isinstance(cause, ConfigError):  # a resolver's check: data.path=X: no such..
-                    raise cause.at(group) from None
-                if isinstance(cause, UserError):
-                    raise UserError(str(cause)) from None
-                if not isinstance(err, InterpolationKeyError):
-                    raise
-                wanted = re.search(r"'([^']+)'", str(err.msg))
-                key = wanted.group(1) if wanted else str(err.msg)
-                raise UserError(
-                    f"{err.full_key}: takes ${{{key}}}, which the selected data set does not "
-                    f"set ({_target_of(cfg, 'data')}); model= and data= must be of one kind "
-                    "(class labels: num_classes, regression targets: num_targets, token "
-                    "windows: vocab_size; e.g. model=gpt data=text)"
-                ) from None
-
-
-def _user_error_behind(err: BaseException) -> BaseException | None:
-    """The UserError a resolver raised, which OmegaConf keeps only as the exception's context."""
-    seen: BaseException | None = err
-    while seen is not None and not isinstance(seen, UserError):
-        seen = seen.__cause__ or seen.__context__
-    return seen
-
-
-def _target_of(cfg: DictConfig, group: str) -> str:
-    return str(OmegaConf.select(cfg, f"{group}._target_", default="none"))
 
 
 def _join(path: str, key: Any) -> str:

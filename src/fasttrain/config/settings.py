@@ -272,6 +272,49 @@ def prepare(
         raise ConfigError("output_dir", output_dir, "exists and is not empty; choose a new folder")
 
 
+def check_pairing(cfg: Any) -> None:
+    """The model and data groups fit together: a value one takes from the other (the
+    classifier's `${data.num_classes}`, a regression task's `${data.num_targets}`) exists. One
+    line instead of OmegaConf's traceback when, e.g., a task meets a data set of another kind."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
+
+    for group in ("data", "model"):
+        if isinstance(cfg.get(group), DictConfig):
+            try:
+                OmegaConf.to_container(cfg[group], resolve=True)
+            except InterpolationResolutionError as err:
+                cause = _user_error_behind(err)
+                if isinstance(cause, ConfigError):  # a resolver's check: data.path=X: no such..
+                    raise cause.at(group) from None
+                if isinstance(cause, UserError):
+                    raise UserError(str(cause)) from None
+                if not isinstance(err, InterpolationKeyError):
+                    raise
+                wanted = re.search(r"'([^']+)'", str(err.msg))
+                key = wanted.group(1) if wanted else str(err.msg)
+                raise UserError(
+                    f"{err.full_key}: takes ${{{key}}}, which the selected data set does not "
+                    f"set ({_target_of(cfg, 'data')}); model= and data= must be of one kind "
+                    "(class labels: num_classes, regression targets: num_targets, token "
+                    "windows: vocab_size; e.g. model=gpt data=text)"
+                ) from None
+
+
+def _user_error_behind(err: BaseException) -> BaseException | None:
+    """The UserError a resolver raised, which OmegaConf keeps only as the exception's context."""
+    seen: BaseException | None = err
+    while seen is not None and not isinstance(seen, UserError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
+
+
+def _target_of(cfg: Any, group: str) -> str:
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.select(cfg, f"{group}._target_", default="none"))
+
+
 # config name (conf/<name>.yaml) -> its top-level keys
 ENTRIES: dict[str, Callable[..., None]] = {
     "train": train,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fasttrain.config.domains import NonNegative, Range, Shape, check_arguments
+from fasttrain.config.domains import AtLeast, NonNegative, Range, Shape, check_arguments
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.data.base import (
     Auto,
@@ -78,7 +78,7 @@ class ImageTransform:
     def __init__(
         self,
         size: Sequence[int],
-        channels: int,
+        channels: Annotated[int, AtLeast(1)],
         train: bool = False,
         crop: Crop = "none",
         padding: int = 4,

@@ -10,7 +10,8 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from fasttrain.config.domains import AtLeast, Range, check_arguments
+from fasttrain.config.domains import Range, check_arguments
+from fasttrain.config.errors import ConfigError
 from fasttrain.models.spec import qualname
 from fasttrain.models.task import (
     DATA_TARGET_KEY,
@@ -45,11 +46,13 @@ class Classifier(Task):
         self,
         net: nn.Module,
         optimizer: OptimizerFactory | None,
-        num_classes: Annotated[int, AtLeast(2)],
+        num_classes: int,  # checked when built: an image folder's count says more first
         label_smoothing: Annotated[float, Range(0, 1, high_open=True)] = 0.0,
         **base: Any,
     ) -> None:
         check_arguments(Classifier.__init__, locals())
+        if num_classes < 2:
+            raise ConfigError("num_classes", num_classes, "expected an int >= 2")
         super().__init__(net, optimizer, num_classes=num_classes,
                          label_smoothing=float(label_smoothing), **base)  # fmt: skip
         self.num_classes, self.label_smoothing = num_classes, float(label_smoothing)

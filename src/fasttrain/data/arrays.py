@@ -21,7 +21,15 @@ from torch.utils.data import TensorDataset
 
 from fasttrain.config.domains import Shape, check_arguments
 from fasttrain.config.errors import ConfigError
-from fasttrain.data.base import Classes, Fold, Fraction, NumFolds, Seed, TensorDataModule
+from fasttrain.data.base import (
+    Classes,
+    Fold,
+    Fraction,
+    NumFolds,
+    Seed,
+    TensorDataModule,
+    check_folds,
+)
 from fasttrain.data.checks import (
     Sizes,
     check_class_sizes,
@@ -29,7 +37,6 @@ from fasttrain.data.checks import (
     check_rows,
     needs_text,
 )
-from fasttrain.data.folds import check_folds, fold_indices, fold_sizes
 
 Standardize = Literal["per_feature", "global", "none"]
 
@@ -137,6 +144,8 @@ class ArraySplits(TensorDataModule):
                 f"data.val_fraction={self.val_fraction} and data.test_fraction={self.test_fraction}"
             )
         else:
+            from fasttrain.data.folds import fold_sizes  # k-fold's battery: only with data.fold
+
             sizes = fold_sizes(self.num_folds, self.test_fraction)
             asked = f"data.num_folds={self.num_folds} and data.test_fraction={self.test_fraction}"
         check_rows(len(y), sizes, need, self.source(), asked, why)
@@ -149,6 +158,8 @@ class ArraySplits(TensorDataModule):
         from sklearn.model_selection import train_test_split  # ~0.4 s: only where it splits
 
         if self.fold is not None:
+            from fasttrain.data.folds import fold_indices
+
             return fold_indices(y, self.num_folds, self.fold, self.test_fraction, self.seed,
                                 stratify=self.stratified)  # fmt: skip
         _, n_val, n_test = shuffle_sizes(self.val_fraction, self.test_fraction)(len(y))

@@ -103,6 +103,16 @@ NumFolds = Annotated[int, AtLeast(2)]
 Fold = Annotated[int | None, AtLeast(0, note="below data.num_folds", null="off")]
 
 
+def check_folds(num_folds: int, fold: int | None) -> None:
+    """`fold` one of the `num_folds` (each declared on its own: NumFolds, Fold), checked when
+    the module is built, before a run writes anything. The size checks need the rows: the data
+    module's (fasttrain.data.checks, with fasttrain.data.folds.fold_sizes) and fold_indices'."""
+    if fold is not None and fold >= num_folds:
+        raise ConfigError(
+            "fold", fold, f"expected 0..{num_folds - 1} (data.num_folds={num_folds}) or null"
+        )
+
+
 def resolve_pin_memory(pin_memory: bool | Auto) -> bool:
     """Pin host memory under "auto" when a CUDA device will receive the batches (async copies)."""
     if pin_memory == "auto":

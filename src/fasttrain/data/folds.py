@@ -17,19 +17,8 @@ import math
 import numpy as np
 from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 
-from fasttrain.config.errors import ConfigError, UserError
+from fasttrain.config.errors import UserError
 from fasttrain.data.checks import Sizes
-
-
-def check_folds(num_folds: int, fold: int | None) -> None:
-    """`fold` one of the `num_folds` (each declared on its own: fasttrain.data.base.NumFolds,
-    Fold), checked when the module is built, before a run writes anything; the size checks
-    need the rows: the data module's (fasttrain.data.checks, with `fold_sizes`) and
-    `fold_indices`' own."""
-    if fold is not None and fold >= num_folds:
-        raise ConfigError(
-            "fold", fold, f"expected 0..{num_folds - 1} (data.num_folds={num_folds}) or null"
-        )
 
 
 def fold_sizes(num_folds: int, test_fraction: float) -> Sizes:

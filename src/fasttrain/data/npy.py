@@ -25,10 +25,11 @@ from fasttrain.data.base import (
     NumFolds,
     Seed,
     TensorDataModule,
+    check_folds,
     floor_sizes,
 )
 from fasttrain.data.checks import check_class_sizes, check_finite_served, check_rows, needs_text
-from fasttrain.data.folds import check_folds, fold_indices, fold_sizes
+from fasttrain.data.folds import fold_indices, fold_sizes
 
 
 class NpyDataModule(TensorDataModule):

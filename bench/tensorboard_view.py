@@ -2,8 +2,9 @@
 
     python bench/tensorboard_view.py          # writes bench/results/tensorboard/*.png
 
-Four short runs of three tasks in a temporary folder (SmallCNN and MLP on digits, a regressor
-on diabetes, a GPT on the text corpus), a TensorBoard server on 127.0.0.1 over them, then
+Seven short runs of three tasks in a temporary folder (bench/seven_runs.py: SmallCNN on digits
+three times, a regressor on diabetes twice, a small GPT on a generated corpus twice, each named
+by the override that tells it apart), a TensorBoard server on 127.0.0.1 over them, then
 Chromium (`apt install chromium`) on the Time Series page (1400 x 1100) and on HPARAMS (2800
 wide, to show its metric columns), no link state: what `make tensorboard` opens (its
 server, fasttrain.tools.board). The parallel coordinates are a click away on HPARAMS, so that
@@ -25,34 +26,17 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from seven_runs import ROOT, VENV_PYTHON, train
+
 OUT = ROOT / "bench" / "results" / "tensorboard"
-RUNS = (
-    [],
-    ["model=mlp"],
-    ["model=regressor", "data=diabetes", "trainer.max_epochs=5"],
-    ["model=gpt", "data=text", "trainer.max_steps=60", "trainer.val_check_interval=30"],
-)
-COMMON = ["trainer.max_epochs=3", "data.num_workers=0"]
 # page -> (its address, the window): HPARAMS wide enough to show its metric columns
 PAGES = {"time_series": ("", "1400,1100"), "hparams": ("#hparams", "2800,700")}
-# The repository's own environment trains the runs, whichever Python runs this script.
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def train(log_dir: Path) -> None:
-    for extra in RUNS:
-        python = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
-        given = {arg.partition("=")[0] for arg in extra}
-        common = [arg for arg in COMMON if arg.partition("=")[0] not in given]  # named once
-        cmd = [python, "train.py", *common, *extra, f"paths.log_dir={log_dir}"]
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
 
 
 def serve(log_dir: Path, port: int) -> subprocess.Popen[bytes]:
@@ -109,7 +93,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp) / "logs"
-        train(log_dir)
+        train(log_dir, Path(tmp))
         port = free_port()
         server = serve(log_dir, port)
         try:

@@ -3,12 +3,13 @@ headless Chromium (the sibling of bench/tensorboard_view.py).
 
     python bench/ui_views.py          # writes bench/results/ui/*.png
 
-Short runs of each task into a temporary folder with `logger=[tensorboard,mlflow]` (2 epochs
-each): two classifiers (SmallCNN on digits, seeds 1 and 2), the regressor (MLP on diabetes) and a
-small language model (byte-level GPT on a generated corpus). Then `mlflow ui` on 127.0.0.1 over
-their store and Chromium (1400 wide, a fresh profile: no saved UI state) on:
+The seven short runs of bench/seven_runs.py (three tasks: SmallCNN on digits three times, the
+regressor on diabetes twice, a small byte-level GPT twice, each named by the override that tells
+it apart) into a temporary folder, logged to TensorBoard and MLflow. Then `mlflow ui` on
+127.0.0.1 over their store and Chromium (1400 wide, a fresh profile: no saved UI state) on:
 
-- `mlflow_experiment.png`: the link a run prints (`MLflow view`), the experiment's runs;
+- `mlflow_experiment.png`: the link a run prints (`MLflow view`), the experiment's runs, each
+  name's overrides in the Run Name column's first characters;
 - `mlflow_run.png`, `mlflow_run_metrics.png`: a classifier run's page and its Model metrics tab;
 
 and `notebooks/inspect_runs.ipynb` executed over the same folder (nbconvert to HTML, outputs
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -29,15 +29,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import seven_runs
+
+ROOT = seven_runs.ROOT
 OUT = ROOT / "bench" / "results" / "ui"
-COMMON = ["logger=[tensorboard,mlflow]", "trainer.max_epochs=2", "data.num_workers=0",
-          "callbacks.progress_bar=null"]  # fmt: skip
-LM = ["model=gpt", "data=text", "data.block_size=32", "data.batch_size=8",
-      "data.val_fraction=0.2", "data.test_fraction=0.2", "data.windows_per_epoch=128",
-      "data.eval_windows=16", "model.net.n_layer=1", "model.net.n_embd=32",
-      "model.net.n_head=2"]  # fmt: skip
-RUNS = (["-m", "seed=1,2"], ["model=regressor", "data=diabetes"], LM)
+LOGGERS = "[tensorboard,mlflow]"
 
 
 def free_port() -> int:
@@ -46,31 +42,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def write_corpus(root: Path) -> Path:
-    """Small Python-like text files, enough for every split at block_size 32."""
-    rng = random.Random(0)
-    words = ["def", "return", "self", "value", "import", "class", "for", "in", "if", "x", "y"]
-    root.mkdir(parents=True)
-    for i in range(20):
-        lines = (" ".join(rng.choice(words) for _ in range(6)) for _ in range(60))
-        (root / f"doc{i:02d}.py").write_text("\n".join(lines) + "\n")
-    return root
-
-
-def train(log_dir: Path, corpus: Path) -> str:
-    """Runs every task; returns the `MLflow view` link the last run printed."""
+def train_all(log_dir: Path, work: Path) -> str:
+    """Trains the seven runs; returns the `MLflow view` link the last run printed."""
     link = ""
-    for extra in RUNS:
-        paths = [f"paths.log_dir={log_dir}"]
-        if extra is LM:
-            paths += [f"data.path={corpus}", f"paths.data_dir={log_dir.parent / 'data'}"]
-        cmd = [sys.executable, "train.py", *extra, *COMMON, *paths]  # -m before the overrides
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                              env=env)  # fmt: skip
-        if proc.returncode:
-            sys.exit(f"{' '.join(extra)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-        found = [ln for ln in proc.stdout.splitlines() if ln.startswith("MLflow view")]
+    for stdout in seven_runs.train(log_dir, work, LOGGERS):
+        found = [ln for ln in stdout.splitlines() if ln.startswith("MLflow view")]
         link = found[-1].removeprefix("MLflow view").strip() if found else link
     return link
 
@@ -135,7 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         log_dir = work / "logs"
-        link = train(log_dir, write_corpus(work / "corpus"))
+        link = train_all(log_dir, work)
         screenshot(notebook(log_dir, work).as_uri(), "1400,2300", OUT / "notebook.png", 5000)
         port = free_port()
         server = serve(log_dir, port)

@@ -240,12 +240,17 @@ def test_runs_are_listed_as_task_time_overrides(server: str, log_dir: Path) -> N
     # below it.
     expected = [f"train/{n}" for n in [*names, "resumed"]]
     assert listed == sorted(f"{r}{sub}" for r in expected for sub in ("", *SUBRUNS))
-    time_ = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
-    for extra in (RUN_A, RUN_B):
-        overrides = ",".join(sorted(o.replace("/", ".") for o in [*BASE, *extra]))
-        assert any(re.fullmatch(f"{time_}_{re.escape(overrides)}", n) for n in names), overrides
-    # The run list shows the last path component first (TensorBoard's truncated path): the
-    # time to the second tells two runs apart within its first 20 characters.
+    # The overrides first, keys cut to the ending that names one setting, then the time.
+    time_ = r"\d{4}-\d{6}"
+    # callbacks.grad_monitor.every_n_steps is the config's one every_n_steps; the data
+    # module's batch_size is not its only one (tuner.batch_size): kept whole.
+    for named in ("every_n_steps=3,per_layer=true,data.batch_size=256,num_workers=0,model=mlp,"
+                  "seed=7,log_every_n_steps=2,max_epochs=2",
+                  "every_n_steps=3,data.batch_size=256,num_workers=0,lr=0.01,model=mlp,"
+                  "deterministic=true,log_every_n_steps=2,max_epochs=2"):  # fmt: skip
+        assert any(re.fullmatch(f"{re.escape(named)}_{time_}", n) for n in names), (named, names)
+    # The run list shows the last path component first (TensorBoard's truncated path): its
+    # first 20 characters tell two runs apart.
     a, b = (r.rsplit("/", 1)[1][:20] for r in cli_runs(server))
     assert a != b
 
@@ -344,14 +349,18 @@ def test_hparams_one_typed_session_per_run(server: str) -> None:
     assert len(groups) == 3 and all(len(g["sessions"]) == 1 for g in groups)  # resumed: once
     by_run = {g["sessions"][0]["name"]: g for g in groups}
     assert set(by_run) == {f"{r}/hparams" for r in runs(server)}
-    a, b = (by_run[f"{r}/hparams"] for r in cli_runs(server))
+    # RUN_A's, RUN_B's (names sort by their overrides now, not by when the run started)
+    a, b = (
+        by_run[f"{r}/hparams"] for r in sorted(cli_runs(server), key=lambda r: "seed=7" not in r)
+    )
     assert (a["hparams"]["seed"], b["hparams"]["seed"]) == (7, 42)
     assert (
         b["hparams"]["model.optimizer.lr"] == 0.01 and b["hparams"]["trainer.deterministic"] is True
     )
     assert a["hparams"]["trainer.max_epochs"] == 2 and a["hparams"]["model.net"] == "MLP"
-    # Trial IDs without the shared date: told apart at the table's default width.
-    assert a["name"][:16] != b["name"][:16] and not re.match(r"\d{4}-\d\d-\d\d", a["name"])
+    # Trial IDs: the run folders' names, what the run list shows (overrides first, no date).
+    assert a["name"] != b["name"] and not re.match(r"\d{4}-\d\d-\d\d", a["name"])
+    assert {a["name"], b["name"]} == {r.rsplit("/", 1)[1] for r in cli_runs(server)}
     for group in groups:
         session = group["sessions"][0]
         assert session["status"] == "STATUS_SUCCESS"
@@ -511,11 +520,14 @@ def test_trial_ids_are_short_and_unique_across_sweeps() -> None:
     from fasttrain.callbacks.sessions import trial_id
 
     logs = Path("/logs/train")
-    assert trial_id(logs / "2026-01-31_12-00-00_seed=1") == "12-00-00_seed=1"
+    assert trial_id(logs / "seed=1_0131-120000") == "seed=1_0131-120000"  # short already
+    assert trial_id(logs / "2026-01-31_12-00-00_seed=1") == "12-00-00_seed=1"  # an older folder
     assert trial_id(logs / "R") == "R"  # a run_name of the user's own
     # Each sweep's job 0 is a trial of its own (one ID would be one row of averaged results).
-    sweeps = [logs / "multirun" / f"2026-01-31_12-0{m}-00" / "0_seed=1" for m in (0, 5)]
-    assert [trial_id(job) for job in sweeps] == ["12-00-00/0_seed=1", "12-05-00/0_seed=1"]
+    sweeps = [logs / "multirun" / f"0131-120{m}00" / "0_seed=1" for m in (0, 5)]
+    assert [trial_id(job) for job in sweeps] == ["0131-120000/0_seed=1", "0131-120500/0_seed=1"]
+    old = [logs / "multirun" / f"2026-01-31_12-0{m}-00" / "0_seed=1" for m in (0, 5)]
+    assert [trial_id(job) for job in old] == ["12-00-00/0_seed=1", "12-05-00/0_seed=1"]
 
 
 def test_compared_hparams_typed_without_plumbing() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -239,7 +240,8 @@ def test_a_key_given_twice_names_the_run_by_the_value_used(tmp_path: Path) -> No
     checked = check_command_line("train", [f"paths.log_dir={tmp_path}", "seed=5", "model=mlp",
                                            "seed=3", "data.batch_size=16"])  # fmt: skip
     assert checked.run is not None and checked.run.seed == 3
-    assert Path(checked.run_dir).name.endswith("_data.batch_size=16,model=mlp,seed=3")
+    assert re.fullmatch(r"data\.batch_size=16,model=mlp,seed=3_\d{4}-\d{6}",
+                        Path(checked.run_dir).name)  # fmt: skip
     from fasttrain.config.resolvers import _last_of_each_key
 
     typed = ["model.net.hidden=[64,32]", "seed=1", "seed=1"]  # a value with commas; one repeat

@@ -1,7 +1,7 @@
 """What TensorBoard shows of a run, arranged so that it answers the usual questions at a glance.
 
 - `RunLogger`: Lightning's TensorBoardLogger writing its events into the run folder itself, so
-  TensorBoard lists the run as `<entry>/<run_name>` (`train/2026-01-31_12-00-00_seed=1`), its
+  TensorBoard lists the run as `<entry>/<run_name>` (`train/lr=0.01,seed=1_0131-120005`), its
   training and validation curves in that one run (one colour per run); without Lightning's
   `epoch` scalar (the Time Series page would open on its staircase); with a Custom Scalars
   layout (`LAYOUT`: train vs val loss and the task's own charts, throughput, data wait, memory,

@@ -97,11 +97,11 @@ def _typed(value: Any) -> Value:
 
 def trial_id(output_dir: Path) -> str:
     """The HPARAMS table's "Trial ID", unique in the log folder (TensorBoard merges the sessions
-    of one ID into one row of averaged results): the run folder's name without the date, so
-    that what tells runs apart (the time to the second, then the overrides) shows in the
-    column's 10em, `2026-01-31_12-00-00_seed=1` -> `12-00-00_seed=1`; a sweep job's as its
-    sweep's time and job, `multirun/2026-01-31_12-00-00/3_seed=1` -> `12-00-00/3_seed=1` (two
-    sweeps' `3_seed=1` are two trials)."""
+    of one ID into one row of averaged results): the run folder's name, its overrides first
+    (`lr=0.01,seed=1_0131-120005`); a sweep job's as its sweep's time and job,
+    `multirun/0131-120005/3_seed=1` -> `0131-120005/3_seed=1` (two sweeps' `3_seed=1` are two
+    trials). Folders named before the overrides came first (`2026-01-31_12-00-00_seed=1`) lose
+    their date, shared by the day's runs: `12-00-00_seed=1`."""
     run = _without_date(output_dir.name)
     if output_dir.parent.parent.name == "multirun":
         return f"{_without_date(output_dir.parent.name)}/{run}"

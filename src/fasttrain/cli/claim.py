@@ -51,7 +51,7 @@ class RunClaim:
         """resume=never where a run already is: keep that run, renamed, and start empty."""
         if not any(p.name != LOCK_FILE for p in self.run_dir.iterdir()):
             return
-        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+        stamp = time.strftime("%m%d-%H%M%S")  # as in a run's default name
         aside = self.run_dir.with_name(f"{self.run_dir.name}.replaced-{stamp}")
         for n in range(1, 1000):
             if not aside.exists():

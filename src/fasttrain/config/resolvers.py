@@ -1,27 +1,99 @@
-"""The resolvers conf/ interpolates: `${overrides_suffix:}` (a run's name), `${launch_dir:}`,
-`${root_dir:}`, `${monitor:...}` and `${class_count:...}`. Registered when fasttrain.config is
+"""The resolvers conf/ interpolates: `${overrides_prefix:}` and `${overrides_suffix:}` (a run's
+name, a sweep job's), `${launch_dir:}`, `${root_dir:}`, `${monitor:...}` and
+`${class_count:...}`. Registered when fasttrain.config is
 first imported, so every entry point and every test that composes conf/ has them."""
 
 import os
 from importlib import import_module
 from typing import Any
 
-# A folder name holds at most 255 bytes; the time (19 characters) or a sweep job's number and
-# "_" come before the overrides.
+# A folder name holds at most 255 bytes; the overrides come with "_" and the time (11
+# characters) or a sweep job's number and "_".
 MAX_OVERRIDES = 200
 
 
-def _overrides_suffix() -> str:
+def _overrides_prefix(_root_: Any = None) -> str:
+    """`${overrides_prefix:}` in conf/train.yaml: the job's overrides as one folder name, then
+    "_", e.g. "batch_size=128,seed=1_" (the time follows); "" without overrides, or outside a
+    Hydra app (compose API). Keys as short as the run's config allows (`_config_keys`)."""
+    overrides = _job_overrides(_root_)
+    return f"{overrides}_" if overrides else ""
+
+
+def _overrides_suffix(_root_: Any = None) -> str:
     """`${overrides_suffix:}` in conf/: "_" + the job's overrides as one folder name, e.g.
-    "_data.batch_size=128,seed=1"; "" without overrides, or outside a Hydra app (compose API).
-    A group selection like model/net=mlp keeps no "/", so it stays one folder."""
+    "_batch_size=128,seed=1" (a sweep job's folder: `<job number>_<overrides>`); "" without
+    overrides, or outside a Hydra app (compose API)."""
+    overrides = _job_overrides(_root_)
+    return f"_{overrides}" if overrides else ""
+
+
+def _job_overrides(root: Any) -> str:
+    """The job's overrides that differ from the defaults, as they name its folder: a key given
+    twice by the value that won, a group selection like model/net=mlp without its "/" (one
+    folder), each key by its shortest dotted ending that names one setting of the run's config
+    (`short_keys`), the whole within MAX_OVERRIDES bytes (`short_overrides`)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
         return ""
     hydra = HydraConfig.get()
     overrides = _last_of_each_key(hydra.job.override_dirname, list(hydra.overrides.task))
-    return f"_{short_overrides(overrides.replace('/', '.'))}" if overrides else ""
+    if not overrides:
+        return ""
+    return short_overrides(short_keys(overrides.replace("/", "."), _config_keys(root)))
+
+
+def _config_keys(root: Any) -> list[str]:
+    """Every key of the run's config (dotted, nodes and leaves), less Hydra's own; read
+    without resolving a value."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(root, DictConfig):
+        return []
+    tree = OmegaConf.to_container(root, resolve=False)
+    keys: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not prefix and key == "hydra":
+                    continue
+                keys.append(f"{prefix}{key}")
+                walk(value, f"{prefix}{key}.")
+
+    walk(tree, "")
+    return keys
+
+
+def short_keys(overrides: str, config_keys: list[str]) -> str:
+    """Each override's key cut to its shortest dotted ending that no other key of the config
+    ends with (`model.optimizer.lr=0.01` -> `lr=0.01` where the config has one `lr`): TensorBoard's
+    run list and MLflow's runs table show a name's first ~25 characters, and those say what
+    differs. The name still tells any two sets of overrides apart: within the run's config each
+    ending names one setting. A top-level key (seed, model) stays whole, so does a key the
+    config lacks (`+callbacks.extra...`) and one typed with a prefix (`+`, `~`, `++`)."""
+    import re
+
+    if not overrides or not config_keys:
+        return overrides
+    items = re.split(r",(?=[\w.+~@-]+=)", overrides)  # a value may hold commas: [64,32]
+    shortened = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        shortened.append(f"{_config_ending(key, config_keys)}{eq}{value}" if eq else item)
+    return ",".join(shortened)
+
+
+def _config_ending(key: str, config_keys: list[str]) -> str:
+    if key not in config_keys:  # a prefix (+, ~), a new key, a list index: as typed
+        return key
+    parts = key.split(".")
+    for n in range(1, len(parts)):
+        ending = ".".join(parts[-n:])
+        if sum(k == ending or k.endswith("." + ending) for k in config_keys) == 1:
+            return ending
+    return key
 
 
 def _last_of_each_key(dirname: str, typed: list[str]) -> str:
@@ -127,7 +199,12 @@ def _class_count(path: str, classes: Any = None) -> int:
 def _register_resolvers() -> None:
     from omegaconf import OmegaConf
 
-    OmegaConf.register_new_resolver("overrides_suffix", _overrides_suffix, replace=True)
+    OmegaConf.register_new_resolver(
+        "overrides_prefix", lambda *, _root_: _overrides_prefix(_root_), replace=True
+    )
+    OmegaConf.register_new_resolver(
+        "overrides_suffix", lambda *, _root_: _overrides_suffix(_root_), replace=True
+    )
     OmegaConf.register_new_resolver("launch_dir", _launch_dir, replace=True)
     OmegaConf.register_new_resolver("root_dir", _root_dir, replace=True)
     OmegaConf.register_new_resolver(

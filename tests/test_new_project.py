@@ -18,7 +18,7 @@ import pytest
 
 import fasttrain
 from conftest import CONF, REPO, make_new_project
-from fasttrain.tools.new_project import RECORD, SCAFFOLD, TEMPLATE, read_record
+from fasttrain.tools.template_git import RECORD, SCAFFOLD, TEMPLATE, read_record
 
 NEW = "acme_vision"
 # a new project's own Python outside tests/ (issue target): train.py and the three examples

@@ -30,7 +30,7 @@ from torch import nn
 
 from fasttrain.config.domains import LearningRate, NonNegative, Positive, Range, check_arguments
 from fasttrain.config.errors import UserError
-from fasttrain.models.optim_plan import takes_hidden_matrices
+from fasttrain.models.protocols import takes_hidden_matrices
 
 MUON_KEY = "muon"  # a param group's key: True for the groups Muon updates
 

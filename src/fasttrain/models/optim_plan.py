@@ -18,6 +18,7 @@ from torch import nn
 
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.settings import RUN_LENGTH_ARGS
+from fasttrain.models.protocols import takes_hidden_matrices
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
@@ -228,10 +229,3 @@ def _length_of(scheduler: Any) -> dict[str, Any]:
 
 def _shown(length: dict[str, Any]) -> str:
     return ", ".join(f"{arg}={value}" for arg, value in length.items())
-
-
-def takes_hidden_matrices(factory: Any) -> bool:
-    """Whether an optimizer factory (a partial) builds an optimizer that wants the hidden
-    matrices' param groups marked (its class says so: Muon's `takes_hidden_matrices`), read
-    without importing Muon's battery (fasttrain.models.muon)."""
-    return bool(getattr(getattr(factory, "func", factory), "takes_hidden_matrices", False))

@@ -106,3 +106,10 @@ def deploy_module(model: Any, ckpt_path: Any) -> torch.nn.Module:
         f"forward runs) or its own export_module(); {type(model).__name__} has neither "
         "(docs/your-code.md)"
     )
+
+
+def takes_hidden_matrices(factory: Any) -> bool:
+    """Whether an optimizer factory (a partial) builds an optimizer that wants the hidden
+    matrices' param groups marked (its class says so: Muon's `takes_hidden_matrices`), read
+    without importing Muon's battery (fasttrain.models.muon)."""
+    return bool(getattr(getattr(factory, "func", factory), "takes_hidden_matrices", False))

@@ -41,14 +41,9 @@ from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMet
 
 from fasttrain.config.domains import AtLeast, Range, check_arguments
 from fasttrain.config.errors import ConfigError
-from fasttrain.models.optim_plan import (
-    LrScaling,
-    OptimizerFactory,
-    OptimizerPlan,
-    SchedulerFactory,
-    takes_hidden_matrices,
-)
+from fasttrain.models.optim_plan import LrScaling, OptimizerFactory, OptimizerPlan, SchedulerFactory
 from fasttrain.models.optim_plan import scale_lr as scale_lr  # classifier imports it from here
+from fasttrain.models.protocols import takes_hidden_matrices
 from fasttrain.models.spec import qualname, spec_of
 
 Batch = tuple[torch.Tensor, torch.Tensor]

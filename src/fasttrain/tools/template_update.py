@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from fasttrain.tools.new_project import (
+from fasttrain.tools.template_git import (
     RECORD,
     ROOT,
     SCAFFOLD,

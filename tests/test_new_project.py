@@ -18,7 +18,7 @@ import pytest
 
 import fasttrain
 from conftest import CONF, REPO, make_new_project
-from fasttrain.tools.template_git import RECORD, SCAFFOLD, TEMPLATE, read_record
+from fasttrain.tools.new_project import RECORD, SCAFFOLD, TEMPLATE, read_record
 
 NEW = "acme_vision"
 # a new project's own Python outside tests/ (issue target): train.py and the three examples
@@ -446,3 +446,19 @@ def test_a_plain_module_in_conf_model_is_tested_as_any_module(
     assert "test_a_plain_module_trains_evaluates_and_resumes" in in_project(
         own, library, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider",
         "tests/test_fasttrain.py", "-k", "lit_plain").stdout  # fmt: skip
+
+
+def test_the_new_project_script_imports_only_the_standard_library() -> None:
+    """copier runs new_project.py as a script (copier.yml's task) with the project's Python,
+    whose installed fasttrain may be older than the template: an import of the package there
+    would fail, or load the older code."""
+    import ast
+
+    from fasttrain.tools import new_project
+
+    tree = ast.parse(Path(new_project.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}  # fmt: skip
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}  # fmt: skip
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported

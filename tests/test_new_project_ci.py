@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from fasttrain.tools.template_git import SCAFFOLD, read_record
+from fasttrain.tools.new_project import SCAFFOLD, read_record
 
 WORKFLOW = ".github/workflows/ci.yml"
 IDENT = ["-c", "user.name=test", "-c", "user.email=test@localhost"]

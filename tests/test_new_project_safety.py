@@ -18,8 +18,7 @@ import pytest
 
 from conftest import REPO
 from fasttrain.tools import new_project
-from fasttrain.tools.new_project import create
-from fasttrain.tools.template_git import RECORD, SCAFFOLD, TEMPLATE, read_record
+from fasttrain.tools.new_project import RECORD, SCAFFOLD, TEMPLATE, create, read_record
 
 pytest.importorskip("copier")
 

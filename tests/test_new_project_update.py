@@ -28,7 +28,7 @@ from test_new_project_safety import (
 )
 
 from conftest import REPO
-from fasttrain.tools.template_git import RECORD, SCAFFOLD, TEMPLATE
+from fasttrain.tools.new_project import RECORD, SCAFFOLD, TEMPLATE
 
 __all__ = ["git_identity"]  # its autouse fixture, imported to apply here
 

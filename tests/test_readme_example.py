@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from conftest import CONF, REPO, doc
-from fasttrain.tools.template_git import SCAFFOLD
+from fasttrain.tools.new_project import SCAFFOLD
 
 # the package a new project's own code is in, as docs/your-code.md names it
 PACKAGE = "acme_vision"

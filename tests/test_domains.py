@@ -63,6 +63,33 @@ def test_a_component_built_in_python_keeps_its_declared_domain() -> None:
         _component(1.0)
 
 
+def _chooser(
+    crop: Literal["none", "pad"] = "none",
+    channels: Literal[1, 3] = 3,
+    clip: Literal["norm", "value"] | None = None,
+    log_model: bool | Literal["all"] = False,
+) -> None:
+    check_arguments(_chooser, locals())
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"crop": "zoom"}, "crop='zoom': expected one of 'none', 'pad'"),
+        ({"channels": 2}, "channels=2: expected one of 1, 3"),
+        ({"channels": True}, "channels=True: expected one of 1, 3"),  # True == 1 in Python
+        ({"channels": 3.0}, "channels=3.0: expected one of 1, 3"),
+        ({"clip": "both"}, "clip='both': expected one of 'norm', 'value', null"),
+        ({"log_model": 1}, "log_model=1: expected one of true, false, 'all'"),
+    ],
+)
+def test_a_literals_choices_hold_when_built_in_python(given: dict, says: str) -> None:
+    _chooser(crop="pad", channels=1, clip=None, log_model="all")
+    with pytest.raises(ConfigError) as err:
+        _chooser(**given)
+    assert str(err.value) == says
+
+
 def test_the_config_check_names_the_override_and_the_declared_range() -> None:
     from omegaconf import OmegaConf
 

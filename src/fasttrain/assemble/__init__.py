@@ -285,12 +285,6 @@ class Trainer(L.Trainer):
             )
         if kwargs.get("val_check_interval") == 0:  # an int 0: Lightning divides by it mid-fit
             raise ConfigError("val_check_interval", 0, VAL_CHECK_VALID)
-        if gradient_clip_algorithm not in (None, "norm", "value"):
-            raise ConfigError(
-                "gradient_clip_algorithm",
-                gradient_clip_algorithm,
-                "expected one of 'norm', 'value'",
-            )
         if kwargs.get("profiler") is None:
             kwargs["profiler"] = NoProfiler()
         super().__init__(

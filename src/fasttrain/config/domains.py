@@ -166,9 +166,60 @@ def domains(func: Callable[..., Any]) -> dict[str, Domain]:
     return {name: d for name, d in found.items() if d is not None}
 
 
+@dataclass(frozen=True)
+class Choice:
+    """What a Literal or a bool annotation declares (`crop: Literal["none", "pad"]`, also
+    beside None or bool): the values admitted, compared with their type (True is not 1)."""
+
+    values: tuple[Any, ...]
+
+    def admits(self, value: Any) -> bool:
+        return any(value == v and type(value) is type(v) for v in self.values)
+
+    def says(self, value: Any = None) -> str:
+        if self.values == (True, False):
+            return "expected true or false"
+        return f"expected one of {', '.join(map(_yaml, self.values))}"
+
+
+def _yaml(value: Any) -> str:
+    """A choice as a config spells it: 'epoch', true, null (1 stays 1: True == 1 in Python)."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    return repr(value)
+
+
+def choice_of(annotation: Any) -> Choice | None:
+    """The values of `Literal[...]` (also `Literal[...] | None`, `bool | Literal["all"]`) or of
+    `bool`, or None where the annotation admits anything else."""
+    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    values: list[Any] = []
+    for member in members:
+        if typing.get_origin(member) is Literal:
+            values.extend(typing.get_args(member))
+        elif member is type(None):
+            values.append(None)
+        elif member is bool:
+            values.extend((True, False))
+        else:
+            return None
+    return Choice(tuple(values))
+
+
+@functools.cache
+def rules(func: Callable[..., Any]) -> dict[str, Domain | Choice]:
+    """Each argument of `func` with a declared domain or a Literal's choices, in order."""
+    try:
+        hints = typing.get_type_hints(func, include_extras=True)
+    except Exception:  # a name only imported under TYPE_CHECKING: no rule is read from it
+        return {}
+    found = {name: domain_of(ann) or choice_of(ann) for name, ann in hints.items()}
+    return {name: rule for name, rule in found.items() if rule is not None}
+
+
 def check_arguments(func: Callable[..., Any], values: Mapping[str, Any]) -> None:
-    """ConfigError for the first of `values` (a call's `locals()`) outside its declared domain."""
-    for name, domain in domains(func).items():
-        value = values.get(name)
-        if name in values and not domain.admits(value):
-            raise ConfigError(name, value, domain.says(value))
+    """ConfigError for the first of `values` (a call's `locals()`) outside its declared domain
+    or its Literal's choices: the rules the config check applies, when built in Python."""
+    for name, rule in rules(func).items():
+        if name in values and not rule.admits(values[name]):
+            raise ConfigError(name, values[name], rule.says(values[name]))

@@ -87,10 +87,6 @@ class ArraySplits(TensorDataModule):
         check_arguments(ArraySplits.__init__, locals())
         check_folds(num_folds, fold)
         self.num_folds, self.fold = num_folds, fold
-        if standardize not in ("per_feature", "global", "none"):
-            raise ConfigError(
-                "standardize", standardize, "expected one of 'per_feature', 'global', 'none'"
-            )
         self.input_shape = tuple(input_shape)
         self.standardize = standardize
 

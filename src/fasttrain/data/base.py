@@ -210,8 +210,6 @@ class TensorDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_arguments(TensorDataModule.__init__, locals())
-        if not isinstance(on_device, bool):
-            raise ConfigError("on_device", on_device, "expected true or false")
         if on_device and num_workers not in ("auto", 0):
             raise ConfigError(
                 "on_device", on_device,

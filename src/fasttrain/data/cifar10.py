@@ -73,9 +73,9 @@ class Cifar10DataModule(ImageDataModule):
         on_device: bool = False,
         **images: Any,
     ) -> None:
+        check_arguments(Cifar10DataModule.__init__, locals())
         _check_on_device(on_device, images)
         super().__init__(num_classes, input_shape, **images)
-        check_arguments(Cifar10DataModule.__init__, locals())
         if num_classes != 10:  # the data set's own count (the model interpolates it from here)
             raise ConfigError("num_classes", num_classes, "CIFAR-10 has 10 classes")
         self.path, self.val_fraction = Path(path), val_fraction
@@ -150,8 +150,6 @@ class Cifar10DataModule(ImageDataModule):
 
 
 def _check_on_device(on_device: Any, images: dict[str, Any]) -> None:
-    if not isinstance(on_device, bool):
-        raise ConfigError("on_device", on_device, "expected true or false")
     if not on_device:
         return
     workers = images.get("num_workers", "auto")

@@ -201,8 +201,6 @@ class ImageDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_arguments(ImageDataModule.__init__, locals())
-        if channels not in (1, 3):  # a Literal: the config check's, not check_arguments'
-            raise ConfigError("channels", channels, "expected 1 (grey) or 3 (RGB)")
         if len(image_size) != 2:
             raise ConfigError("image_size", list(image_size), "expected [H, W], ints >= 1")
         if list(input_shape) != [channels, *image_size]:
@@ -211,8 +209,6 @@ class ImageDataModule(L.LightningDataModule):
                 f"expected [channels, *image_size] = {[channels, *image_size]} (set data.channels"
                 " and data.image_size; input_shape follows them)",
             )  # fmt: skip
-        if crop not in ("none", "resized", "pad"):
-            raise ConfigError("crop", crop, "expected one of 'none', 'resized', 'pad'")
         if len(scale) != 2 or scale[0] > scale[1]:
             raise ConfigError(
                 "scale", list(scale), "expected [low, high] with 0 < low <= high <= 1"

@@ -368,10 +368,8 @@ class TextDataModule(L.LightningDataModule):
 
 def _check_args(tokenizer: str, vocab_size: int, token_dtype: str, num_workers: int,
                 on_device: bool) -> None:  # fmt: skip
-    """What the declared domains cannot say: a string's choices when built in Python, the
-    vocabulary each tokenizer has, and on_device without loader workers."""
-    if tokenizer not in ("byte", "bpe"):
-        raise ConfigError("tokenizer", tokenizer, "expected byte or bpe")
+    """What the declared rules cannot say: the vocabulary each tokenizer has, and on_device
+    without loader workers."""
     if tokenizer == "byte" and vocab_size != BYTE_VOCAB:
         raise ConfigError("vocab_size", vocab_size,
                           "the byte tokenizer has 256 symbols; for another size train a BPE: "
@@ -380,8 +378,6 @@ def _check_args(tokenizer: str, vocab_size: int, token_dtype: str, num_workers: 
         raise ConfigError("vocab_size", vocab_size,
                           "a byte-level BPE has the 256 byte symbols plus its merges: expected "
                           "an int > 256 (e.g. 4096)")  # fmt: skip
-    if token_dtype not in ("auto", "uint16", "uint32"):
-        raise ConfigError("token_dtype", token_dtype, "expected auto, uint16 or uint32")
     if on_device and num_workers:
         raise ConfigError(
             "on_device", on_device, "windows are gathered on the device: set data.num_workers=0"

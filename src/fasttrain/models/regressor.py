@@ -11,7 +11,6 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection, R2Score
 
 from fasttrain.config.domains import AtLeast, Positive, check_arguments
-from fasttrain.config.errors import ConfigError
 from fasttrain.models.task import OptimizerFactory, Task
 
 Loss = Literal["mse", "huber"]
@@ -68,8 +67,6 @@ class Regressor(Task):
         **base: Any,
     ) -> None:
         check_arguments(Regressor.__init__, locals())
-        if loss not in ("mse", "huber"):
-            raise ConfigError("loss", loss, "expected one of 'mse', 'huber'")
         super().__init__(net, optimizer, num_targets=num_targets, loss=loss,
                          huber_delta=float(huber_delta), **base)  # fmt: skip
         self.num_targets, self.loss_name, self.huber_delta = num_targets, loss, float(huber_delta)

@@ -177,10 +177,6 @@ class Task(OptimizerPlan):
     ) -> None:
         super().__init__()
         check_arguments(Task.__init__, locals())
-        if scheduler_interval not in ("epoch", "step"):
-            raise ConfigError("scheduler_interval", scheduler_interval, "expected epoch or step")
-        if lr_scaling not in ("none", "linear", "sqrt"):
-            raise ConfigError("lr_scaling", lr_scaling, "expected one of 'none', 'linear', 'sqrt'")
         if channels_last:
             # 4-D weights only; others unchanged. torch's stubs lack Module.to(memory_format=).
             net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

@@ -282,8 +282,9 @@ BATTERIES = {
     "deploy",
 }  # fmt: skip  (deploy: all of it)
 # today's counts, as a ratchet (issue target: <= 35 modules, <= 6,000 lines); the lines rose by
-# the run name's key shortening (config/resolvers.py), which every run resolves
-MOST_MODULES, MOST_LINES = 48, 7835
+# the run name's key shortening (config/resolvers.py), which every run resolves, and by the
+# Literal rules of config/domains.py that replaced hand-written checks across the batteries
+MOST_MODULES, MOST_LINES = 48, 7855
 
 
 def loaded(tmp_path: Path, *overrides: str) -> tuple[set[str], int]:

@@ -37,7 +37,7 @@ def test_kaiming_and_xavier_init_take_effect() -> None:
 
 
 def test_init_rejects_unknown_scheme() -> None:
-    with pytest.raises(ConfigError, match="default, kaiming, xavier"):
+    with pytest.raises(ConfigError, match="expected one of 'default', 'kaiming', 'xavier'"):
         MLP([4], 2, init="orthogonal")
 
 

@@ -155,17 +155,6 @@ def _is_union(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (typing.Union, types.UnionType)
 
 
-@functools.cache
-def domains(func: Callable[..., Any]) -> dict[str, Domain]:
-    """Each argument of `func` with a declared domain (resolved once per function)."""
-    try:
-        hints = typing.get_type_hints(func, include_extras=True)
-    except Exception:  # a name only imported under TYPE_CHECKING: no domain is read from it
-        return {}
-    found = {name: domain_of(ann) for name, ann in hints.items()}
-    return {name: d for name, d in found.items() if d is not None}
-
-
 @dataclass(frozen=True)
 class Choice:
     """What a Literal or a bool annotation declares (`crop: Literal["none", "pad"]`, also

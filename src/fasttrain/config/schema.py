@@ -23,7 +23,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fasttrain.config import settings
-from fasttrain.config.domains import domain_of
+from fasttrain.config.domains import Choice, domain_of
 from fasttrain.config.errors import ConfigError, UserError
 
 _SPECIAL_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -318,9 +318,8 @@ def _matches(value: Any, ann: Any) -> bool:
     origin = typing.get_origin(ann)
     if _is_union(ann):
         return any(_matches(value, a) for a in typing.get_args(ann))
-    if origin is Literal:
-        # `True == 1` in Python: compare types too, so precision=True is not precision=1.
-        return any(value == a and type(value) is type(a) for a in typing.get_args(ann))
+    if origin is Literal:  # precision=True is not precision=1 (Choice compares types too)
+        return Choice(typing.get_args(ann)).admits(value)
     if ann is type(None) or ann is None:
         return value is None
     if ann is bool:

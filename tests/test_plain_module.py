@@ -267,7 +267,7 @@ def test_a_tensor_among_the_hyperparameters_resumes_and_a_changed_one_is_said(
 
 
 def test_settings_that_differ_compares_tensors_and_a_partials_arguments() -> None:
-    from fasttrain.checkpoints.resume import settings_that_differ
+    from fasttrain.checkpoints.fits import settings_that_differ
 
     def kept(**hparams: Any) -> dict[str, Any]:  # as the checkpoint holds them
         return loadable_hparams({"hyper_parameters": hparams})["hyper_parameters"]

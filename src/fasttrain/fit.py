@@ -24,11 +24,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fasttrain.checkpoints.resume import (
-    check_fits,
-    how_to_continue,
-    written_with_averaging,
-)
+from fasttrain.checkpoints.resume import how_to_continue
 from fasttrain.checkpoints.state import ResumeState
 from fasttrain.config.project import shown
 
@@ -115,6 +111,8 @@ def fit_once(trainer: Any, model: L.LightningModule, datamodule: Any,
     """trainer.fit from `ckpt_path`. SIGTERM or Ctrl-C: last.ckpt after the current batch, then
     exit 143 (130) with the command that continues the run."""
     if ckpt_path:  # checked (and read) once: the command-line check did it for this model
+        from fasttrain.checkpoints.fits import check_fits, written_with_averaging
+
         check_fits(ckpt_path, model, trainer.max_epochs, data=datamodule)
         _say_if_averaging_is_dropped(trainer, ckpt_path, written_with_averaging(
             ckpt_path, model, datamodule))  # fmt: skip

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import lightning as L
@@ -108,13 +108,8 @@ def build_run(
 ) -> tuple[Any, Any, Any]:
     """(trainer, model, datamodule) of a training run, as `python train.py` builds them; extra
     `callbacks` and `model_kwargs` are for tests that inspect one practice. `validated`: `cfg`
-    passed fasttrain.config.schema.validate already (the command-line check).
-
-    Inside an entry point, the command-line check has built the run already (before Hydra
-    wrote anything, fasttrain.cli): the task's `build_run(cfg)` gets those objects, once, when
-    `cfg` is the config they were built from."""
-    if not callbacks and not model_kwargs and (handed := _take_handed(cfg)) is not None:
-        return handed
+    passed fasttrain.config.schema.validate already (the command-line check, which builds the
+    run before Hydra writes anything and hands it to the task: fasttrain.cli)."""
     if not validated:
         validate(cfg, entry="train")
     L.seed_everything(cfg.seed, workers=True)
@@ -150,35 +145,6 @@ def build_run(
     trainer = build(cfg.trainer, "trainer", callbacks=every, logger=loggers or False,
                     plugins=[AtomicCheckpointIO()], **extra)  # fmt: skip
     return trainer, model, datamodule
-
-
-# The run the command-line check built, and the config it was built from (`handing_over`).
-_handed: list[tuple[tuple[Any, Any, Any], Any]] = []
-
-
-@contextlib.contextmanager
-def handing_over(built: tuple[Any, Any, Any] | None, cfg: DictConfig) -> Iterator[None]:
-    """While the task runs, its `build_run(cfg)` returns `built` (the run the command-line
-    check built from `cfg`) instead of building it again; dropped afterwards either way."""
-    if built is not None:
-        _handed.append((built, _as_built(cfg)))
-    try:
-        yield
-    finally:
-        _handed.clear()
-
-
-def _take_handed(cfg: DictConfig) -> tuple[Any, Any, Any] | None:
-    if not _handed or _handed[0][1] != _as_built(cfg):  # a task that changed its config builds
-        return None
-    return _handed.pop()[0]
-
-
-def _as_built(cfg: DictConfig) -> Any:
-    """What a run is built from: the config as written (interpolations unresolved), without the
-    run's name, which the run reads once into a plain value (fasttrain.config.overrides)."""
-    tree = OmegaConf.to_container(cfg, resolve=False)
-    return {k: v for k, v in tree.items() if k != "run_name"} if isinstance(tree, dict) else tree
 
 
 def fsdp_wrapping(strategy: Any, model: Any) -> dict[str, Any]:

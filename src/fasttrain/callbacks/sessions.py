@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
@@ -160,11 +160,11 @@ def end_session(loggers: Sequence[Logger], final: Mapping[str, float], step: int
             logger.close_session()
 
 
-def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
-    """The HPARAMS columns and trial ID of the run `cfg` configures (the overrides as typed on
-    the command line, less those the run's name leaves out: paths, run_name, ...)."""
+def session_of(config: Mapping[str, Any], trainer: L.Trainer) -> tuple[dict[str, Value], str]:
+    """The HPARAMS columns and trial ID of the run `config` (resolved, plain) configures (the
+    overrides as typed on the command line, less those the run's name leaves out: paths,
+    run_name, ...)."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     from fasttrain.config.settings import run_tags
 
@@ -173,7 +173,7 @@ def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
         hc = HydraConfig.get()
         excluded = set(hc.job.config.override_dirname.exclude_keys)
         overrides = [o for o in hc.overrides.task if _key(o) not in excluded]
-    batch = OmegaConf.select(cfg, "data.batch_size")
+    batch = (config.get("data") or {}).get("batch_size")
     extra: dict[str, Any] = {}
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
     for group in ("data", "model"):
@@ -181,13 +181,12 @@ def session_of(cfg: Any, trainer: L.Trainer) -> tuple[dict[str, Value], str]:
         # the sessions that have every column shown, so a default run has these columns too.
         if choices.get(group):
             extra[group] = choices[group]
-    tags = run_tags(cfg.get("tags"))
+    tags = run_tags(config.get("tags"))
     if tags:  # one column, as typed: tags=[a,b] -> "a,b"
         extra["tags"] = ",".join(tags)
     if isinstance(batch, int):
         extra["effective_batch_size"] = batch * trainer.accumulate_grad_batches * trainer.world_size
-    config = cast(Mapping[str, Any], OmegaConf.to_container(cfg, resolve=True))
-    return compared_hparams(config, overrides, extra), trial_id(Path(cfg.paths.output_dir))
+    return compared_hparams(config, overrides, extra), trial_id(Path(config["paths"]["output_dir"]))
 
 
 def _key(override: str) -> str:

@@ -2,7 +2,7 @@
 a batch's random stream depends on where it is only; `last.ckpt` on SIGTERM; a validation at
 the step trainer.max_steps ends a run on) and `confine_restored_paths` (a checkpoint's
 ModelCheckpoint state may name only files inside the run's checkpoint folder). Which checkpoint
-a run continues from, and whether it fits: fasttrain.checkpoints.resume."""
+a run continues from: fasttrain.checkpoints.resume; whether it fits: fasttrain.checkpoints.fits."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import functools
 import gc
+import inspect
 import logging
 import os
 import signal
@@ -115,8 +116,8 @@ def run_checked(checked: Any, config_name: str, task: Callable[[Any], Any],
                 claim: RunClaim | None, held: HeldLines, built: Any) -> None:  # fmt: skip
     """The single run `checked` describes, as @hydra.main runs it (its folder, .hydra/, the
     log set up, the exit code and traceback of a crash), on the config the check composed: Hydra
-    does not compose the command line again. `built` (the check's run) is what the task's
-    build_run returns."""
+    does not compose the command line again. `built` (the run the check built from that config,
+    or None) is handed to the task: the run is built once."""
     # Private: Hydra runs a job this way in Hydra.run, which composes first; hydra.main has no
     # entry for a config composed already. tests/test_train_cli.py fails loudly if they move.
     from hydra._internal.callbacks import Callbacks
@@ -125,8 +126,6 @@ def run_checked(checked: Any, config_name: str, task: Callable[[Any], Any],
     from hydra.core.utils import configure_log, run_job
     from hydra.types import HydraContext
 
-    from fasttrain.assemble import handing_over
-
     cfg = checked.run
     GlobalHydra.instance().clear()
     GlobalHydra.instance().initialize(checked.hydra)
@@ -134,16 +133,15 @@ def run_checked(checked: Any, config_name: str, task: Callable[[Any], Any],
     def task_function(job: Any) -> float | None:
         one_log_stream()
         held.replay()
-        return in_hydra(job, task, claim)
+        return in_hydra(job, task, claim, built)
 
     def run() -> None:
         configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
         callbacks = Callbacks(cfg)
         callbacks.on_run_start(config=cfg, config_name=config_name)
         context = HydraContext(config_loader=checked.hydra.config_loader, callbacks=callbacks)
-        with handing_over(built, checked.jobs[0]):
-            ret = run_job(hydra_context=context, task_function=task_function, config=cfg,
-                          job_dir_key="hydra.run.dir", job_subdir_key=None)  # fmt: skip
+        ret = run_job(hydra_context=context, task_function=task_function, config=cfg,
+                      job_dir_key="hydra.run.dir", job_subdir_key=None)  # fmt: skip
         callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
         ret.return_value  # noqa: B018  (raises what the task raised, as Hydra.run does)
 
@@ -167,16 +165,28 @@ def run_by_hydra(config_name: str, task: Callable[[Any], Any], argv: list[str]) 
     hydra_main()
 
 
-def in_hydra(cfg: Any, task: Callable[[Any], Any], claim: RunClaim | None) -> float | None:
+def in_hydra(cfg: Any, task: Callable[..., Any], claim: RunClaim | None,
+             built: Any = None) -> float | None:  # fmt: skip
     """The task inside Hydra's job: the run's name read once, the task run, the value a sweeper
-    optimises returned (the finished run's files are kept)."""
+    optimises returned (the finished run's files are kept). A task with a `built` parameter
+    (tasks.train) is handed the run the check built, where it built one."""
     from fasttrain.config.overrides import pin_run_name
 
     pin_run_name(cfg)
     if claim is not None and claim.moved is not None:
         log.info("resume=never: the previous run in %s is kept in %s", *map(shown, claim.moved))
+    if built is not None and takes_built(task):
+        task = functools.partial(task, built=built)  # else the task builds its own run
     result = run_task(task, cfg, undo=claim.undo if claim else None)
     return run_task(optimized_metric, result, cfg.get("optimized_metric"))
+
+
+def takes_built(task: Callable[..., Any]) -> bool:
+    """Whether `task` takes the run the check built (a `built` parameter, as tasks.train)."""
+    try:
+        return "built" in inspect.signature(task).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return False
 
 
 class HeldLines(logging.Handler):
@@ -305,7 +315,10 @@ def _exit_now(code: int) -> None:
 
 def entry_points(config_name: str, task: Callable[[Any], Any]) -> tuple[Callable[[], None], ...]:
     """(main, run) of an entry point module: `main` for in-process callers (tests, notebooks),
-    `run` for the process itself (`python -m ...`, the console scripts; see `script`)."""
+    `run` for the process itself (`python -m ...`, the console scripts; see `script`). `task`
+    takes the composed config; a training task that also takes `built` (as tasks.train does)
+    gets the (trainer, model, datamodule) the command-line check built, instead of building
+    them a second time."""
     main = functools.partial(entry, config_name, task)
     return main, functools.partial(script, main, config_name)
 

@@ -20,8 +20,9 @@ def build_checked(job: Any) -> Any:
     from fasttrain import assemble
     from fasttrain.checkpoints.allow import check_loadable
 
+    a_run = all(key in job for key in ("seed", "data", "trainer"))  # one build_run knows
     check_loadable(job)  # what its checkpoints name must load again
-    if not all(key in job for key in ("seed", "data", "trainer")):  # not a run build_run knows
+    if not a_run:
         construct(job)
         return None
     return assemble.build_run(job, validated=True)  # the check validated it

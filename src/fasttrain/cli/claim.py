@@ -151,11 +151,13 @@ def claim_run_dir(job: Any, run_dir: Path, built: Any = None) -> RunClaim:
 
 def check_resume(job: Any, run_dir: Path, built: Any = None) -> None:
     """Read and check the checkpoint the run would continue from, once: fit finds the result
-    (fasttrain.checkpoints.resume.check_fits) for the same model, data module and file."""
-    from fasttrain.checkpoints.resume import check_fits, checkpoint_to_resume
+    (fasttrain.checkpoints.fits.check_fits) for the same model, data module and file."""
+    from fasttrain.checkpoints.resume import checkpoint_to_resume
 
     ckpt = checkpoint_to_resume(job.resume, run_dir)
     if ckpt is not None:
+        from fasttrain.checkpoints.fits import check_fits
+
         max_epochs = job.trainer.get("max_epochs")
         _, model, datamodule = built if built is not None else (None, *construct(job))
         check_fits(ckpt, model, max_epochs, resume=str(job.resume), data=datamodule)

@@ -75,7 +75,7 @@ class GPT(HyperparametersMixin, nn.Module):
     # trainer=fsdp shards each block as its own unit (fasttrain.assemble.fsdp_wrapping)
     wrap_units: tuple[type[nn.Module], ...] = (Block,)
     # What the weights compute with and no shape shows: a resumed run keeps the checkpoint's
-    # (fasttrain.checkpoints.resume).
+    # (fasttrain.checkpoints.fits).
     fixed_by_weights = ("pos", "norm", "qk_norm", "mlp", "tie_embeddings", "softcap")
 
     def __init__(

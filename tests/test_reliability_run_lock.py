@@ -170,3 +170,46 @@ def test_ddp_cpu_ranks_share_the_run_folder(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "another run" not in proc.stderr
     assert (tmp_path / "logs" / "train" / "D" / "metrics.json").is_file()
+
+
+def test_a_given_paths_output_dir_is_the_run_folder_and_is_held(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """paths.output_dir=X names the run's folder: its lock, .hydra/ and log are there, no second
+    folder appears under logs/, and a second run given X refuses while the first holds it."""
+    from fasttrain.config.project import shown
+
+    out = tmp_path / "elsewhere" / "run"
+    first = holder(out)
+    try:
+        before = files_under(tmp_path)
+        code, err = main_in(tmp_path, ["model=mlp", f"paths.output_dir={out}"], monkeypatch, capsys)
+        assert code == 2
+        assert err == [
+            f"error: paths.output_dir={out}: another run (pid {first.pid}) is writing to "
+            f"{shown(out)}; wait for it to end, or choose another paths.output_dir"
+        ]
+        assert files_under(tmp_path) == before
+    finally:
+        first.kill()
+        first.wait()
+    proc = train(["debug=fast_dev_run", f"paths.output_dir={out}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"metrics.json", "train.log", ".hydra", LOCK_FILE} <= {p.name for p in out.iterdir()}
+    assert not (tmp_path / "logs").exists(), files_under(tmp_path / "logs")
+
+
+def test_a_sweep_into_one_paths_output_dir_is_refused(tmp_path: Path) -> None:
+    """Every job would write its checkpoints over the one before's: one line, nothing written;
+    a folder that differs per job (${hydra:job.num}) sweeps."""
+    proc = train(["-m", "debug=fast_dev_run", "seed=1,2", f"paths.output_dir={tmp_path}/out"],
+                 tmp_path)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: paths.output_dir={tmp_path}/out: every job of the sweep")
+    assert "${hydra:job.num}" in line and files_under(tmp_path) == []
+    per_job = f"paths.output_dir={tmp_path}/out/${{hydra:job.num}}"
+    proc = train(["-m", "debug=fast_dev_run", "seed=1,2", per_job], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "out" / "0" / "metrics.json").is_file()
+    assert (tmp_path / "out" / "1" / "metrics.json").is_file()

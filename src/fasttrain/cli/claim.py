@@ -43,11 +43,12 @@ class RunClaim:
         self.saved = {p: p.read_bytes() for p in rewritten if p.is_file()}
         self.log_sizes = {p: p.stat().st_size for p in out.glob("*.log") if p.is_file()}
 
-    def lock(self, run_name: str) -> None:
+    def lock(self, named: str) -> None:
+        """`named`: the override that names the folder (run_name=R), said when refused."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.fd = _lock(self.run_dir, run_name)
+        self.fd = _lock(self.run_dir, named)
 
-    def move_aside(self, run_name: str) -> None:
+    def move_aside(self, named: str) -> None:
         """resume=never where a run already is: keep that run, renamed, and start empty."""
         if not any(p.name != LOCK_FILE for p in self.run_dir.iterdir()):
             return
@@ -61,7 +62,7 @@ class RunClaim:
         os.rename(self.run_dir, aside)  # its lock file goes along, still held until the new one
         self.moved = (self.run_dir, aside)
         self._record()
-        self.lock(run_name)
+        self.lock(named)
         if old_lock is not None:
             os.close(old_lock)
 
@@ -110,7 +111,7 @@ def _close_logs_in(folder: Path) -> None:
                 handler.close()
 
 
-def _lock(run_dir: Path, run_name: str) -> int | None:
+def _lock(run_dir: Path, named: str) -> int | None:
     try:
         import fcntl
     except ImportError:  # Windows: no flock; runs there are not protected from each other
@@ -122,8 +123,8 @@ def _lock(run_dir: Path, run_name: str) -> int | None:
         owner = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         raise UserError(
-            f"run_name={run_name}: another run (pid {owner}) is writing to {shown(run_dir)}; "
-            "wait for it to end, or choose another run_name"
+            f"{named}: another run (pid {owner}) is writing to {shown(run_dir)}; "
+            f"wait for it to end, or choose another {named.partition('=')[0]}"
         ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
@@ -136,10 +137,11 @@ def claim_run_dir(job: Any, run_dir: Path, built: Any = None) -> RunClaim:
     aside: all before Hydra writes its config into the folder. `built`: the run's (trainer,
     model, data module), which the checkpoint is checked against."""
     claim = RunClaim(run_dir)
-    claim.lock(str(job.get("run_name")))  # refused: the folder is another run's, nothing to undo
+    named = _folder_named_by(job)
+    claim.lock(named)  # refused: the folder is another run's, nothing to undo
     try:
         if job.get("resume") == "never":
-            claim.move_aside(str(job.get("run_name")))
+            claim.move_aside(named)
         elif job.get("resume") is not None:
             check_resume(job, run_dir, built)
     except BaseException:
@@ -147,6 +149,18 @@ def claim_run_dir(job: Any, run_dir: Path, built: Any = None) -> RunClaim:
         claim.release()
         raise
     return claim
+
+
+def _folder_named_by(job: Any) -> str:
+    """The override that names the run's folder: run_name=R, or paths.output_dir=DIR where one
+    was given (fasttrain.config.overrides pins Hydra's folder to it)."""
+    from omegaconf import OmegaConf
+
+    given = OmegaConf.select(job, "paths.output_dir", throw_on_resolution_failure=False)
+    raw = OmegaConf.to_container(job.paths, resolve=False) if "paths" in job else {}
+    if isinstance(raw, dict) and "${hydra:" not in str(raw.get("output_dir", "${hydra:")):
+        return f"paths.output_dir={given}"
+    return f"run_name={job.get('run_name')}"
 
 
 def check_resume(job: Any, run_dir: Path, built: Any = None) -> None:

@@ -128,10 +128,11 @@ def _check(config_name: str, argv: list[str], flags: Any) -> Checked:
     if not multirun:
         if flags.cfg is not None:  # --cfg job|hydra|all: Hydra prints the config, runs nothing
             return Checked([_without_hydra(cfg)], prints_only=True)
-        run_dir = Path(str(cfg.hydra.runtime.output_dir))
         pin = _pin(cfg, parsed)
         _as_hydra_runs(cfg, pin)
+        run_dir = Path(str(cfg.hydra.runtime.output_dir))
         return Checked([_without_hydra(cfg)], run_dir, pin, run=cfg)
+    _one_folder_per_job(parsed)
     jobs = [_without_hydra(cfg)]
     for combination in _combinations(fixed, _sweep_dims(sweeps, cfg, parsed)):
         if combination != first:
@@ -271,9 +272,29 @@ def _pin(cfg: Any, parsed: list[Any]) -> list[str]:
     read again a moment later: a second may pass. A hydra.* override, so it is recorded in
     .hydra/hydra.yaml and the run's overrides.yaml stays what was typed."""
     keys = {o.key_or_group for o in parsed}
+    if "paths.output_dir" in keys and "hydra.run.dir" not in keys:
+        # The folder named is the run's: its lock, .hydra/ and log go there too, not into a
+        # second folder under logs/ that no lock of the named one would guard.
+        folder = os.path.abspath(str(cfg.paths.output_dir))
+        _as_in_a_run_at(cfg, folder)
+        return [f"hydra.run.dir={quote(folder)}"]
     if "run_name" in keys and "hydra.run.dir" not in keys:
         return []
     return [f"hydra.run.dir={quote(str(cfg.hydra.runtime.output_dir))}"]
+
+
+def _one_folder_per_job(parsed: list[Any]) -> None:
+    """A sweep whose jobs would all write into one paths.output_dir (each job's checkpoints over
+    the one before's) is refused; one that varies per job is not."""
+    for o in parsed:
+        fixed = o.key_or_group == "paths.output_dir" and not o.is_sweep_override()
+        if fixed and "${" not in o.input_line:
+            raise UserError(
+                f"{o.input_line}: every job of the sweep would write its checkpoints and "
+                "metrics into this one folder; leave it out (each job gets its own under "
+                "hydra.sweep.dir) or make it differ per job: "
+                f"paths.output_dir='{o.value()}/${{hydra:job.num}}'"
+            )
 
 
 def _as_hydra_runs(cfg: Any, pin: list[str]) -> None:
@@ -331,7 +352,7 @@ def _compose(config_name: str, overrides: list[str], hydra: bool = False) -> Any
 def _as_in_a_run(cfg: Any, multirun: bool = False) -> None:
     """Fill what Hydra fills when a job starts, so `${hydra:runtime.*}` values resolve."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict, read_write
+    from omegaconf import open_dict
 
     with open_dict(cfg):
         cfg.hydra.runtime.cwd = os.getcwd()
@@ -339,6 +360,14 @@ def _as_in_a_run(cfg: Any, multirun: bool = False) -> None:
     HydraConfig.instance().set_config(cfg)
     # A sweep's jobs live below its folder; which one does not matter for the checks.
     run_dir = os.path.abspath(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+    _as_in_a_run_at(cfg, run_dir)
+
+
+def _as_in_a_run_at(cfg: Any, run_dir: str) -> None:
+    """`${hydra:runtime.output_dir}` is `run_dir`, as in the run Hydra starts there."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict, read_write
+
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)

@@ -213,3 +213,24 @@ def test_a_sweep_into_one_paths_output_dir_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "out" / "0" / "metrics.json").is_file()
     assert (tmp_path / "out" / "1" / "metrics.json").is_file()
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("", "paths.output_dir='': is empty; expected a folder (made if missing)"),
+    ("{file}", "paths.output_dir='{file}': is a file; expected a folder (made if missing)"),
+    ("{file}/run", "lies under a file ({file}); expected a folder (made if missing)"),
+    ("/proc/fasttrain-run", "paths.output_dir=/proc/fasttrain-run: cannot make the run folder "
+                            "/proc/fasttrain-run (No such file or directory); choose another"),
+])  # fmt: skip
+def test_a_paths_output_dir_that_cannot_be_a_folder_is_one_line(
+    value: str, said: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    if value.startswith("/proc") and not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    file = tmp_path / "a-file"
+    file.write_text("not a folder")
+    before = files_under(tmp_path)
+    argv = ["model=mlp", f"paths.output_dir={value.format(file=file)}"]
+    code, err = main_in(tmp_path, argv, monkeypatch, capsys)
+    assert code == 2 and len(err) == 1 and err[0].endswith(said.format(file=file)), err
+    assert files_under(tmp_path) == before

@@ -5,6 +5,7 @@ with resume=never, the old run moved aside; a run refused later takes back what 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -45,7 +46,13 @@ class RunClaim:
 
     def lock(self, named: str) -> None:
         """`named`: the override that names the folder (run_name=R), said when refused."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # read-only, no permission, /proc...: one line, not a traceback
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk: fasttrain.cli says so
+                raise
+            raise UserError(f"{named}: cannot make the run folder {shown(self.run_dir)} "
+                            f"({err.strerror}); choose another") from None  # fmt: skip
         self.fd = _lock(self.run_dir, named)
 
     def move_aside(self, named: str) -> None:

@@ -46,13 +46,27 @@ def check_output_dir(output_dir: str | None) -> None:
     """A folder to write into (made if missing): no part of the path may be a file."""
     if not output_dir:
         return
-    path = Path(output_dir).expanduser()
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        what = "is a file" if existing == path else f"lies under a file ({existing})"
+    if (what := _not_a_folder(output_dir)) is not None:
         raise ConfigError(
             "output_dir", output_dir, f"{what}; expected a folder (made if missing) or null"
         )
+
+
+def check_run_folder(output_dir: Any) -> None:
+    """paths.output_dir given on the command line: the run's own folder (made if missing)."""
+    what = "is empty" if not str(output_dir or "").strip() else _not_a_folder(str(output_dir))
+    if what is not None:
+        raise ConfigError("output_dir", output_dir,
+                          f"{what}; expected a folder (made if missing)").at("paths")  # fmt: skip
+
+
+def _not_a_folder(path: str) -> str | None:
+    """What keeps `path` from being a folder to write into: a file there or above it."""
+    folder = Path(path).expanduser()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or existing.is_dir():
+        return None
+    return "is a file" if existing == folder else f"lies under a file ({existing})"
 
 
 def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:

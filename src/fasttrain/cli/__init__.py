@@ -31,10 +31,16 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from fasttrain.cli.build import build_checked, construct_each
+from fasttrain.cli.build import (
+    HeldLines,
+    build_checked,
+    construct_each,
+    held_log_lines,
+    one_log_stream,
+)
 from fasttrain.cli.claim import LOCK_FILE as LOCK_FILE  # tests import it from here
 from fasttrain.cli.claim import RunClaim, claim_run_dir
 from fasttrain.config.errors import DivergedError, UserError
@@ -189,54 +195,6 @@ def takes_built(task: Callable[..., Any]) -> bool:
         return False
 
 
-class HeldLines(logging.Handler):
-    """Log lines and warnings from building the run before Hydra sets up logging (the run's
-    log file does not exist yet): kept, then given to the handlers Hydra sets up (`replay`), or
-    dropped when the command line is refused (its one line is all it prints)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.NOTSET)
-        self.records: list[logging.LogRecord] = []
-        self.warnings: list[Any] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def replay(self) -> None:
-        import warnings
-
-        records, self.records = self.records, []
-        for record in records:
-            logger = logging.getLogger(record.name)
-            if logger.isEnabledFor(record.levelno):  # as if logged now, with the run's levels
-                logger.handle(record)
-        caught, self.warnings = self.warnings, []
-        for w in caught:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
-
-
-@contextlib.contextmanager
-def held_log_lines() -> Iterator[HeldLines]:
-    import warnings
-
-    held = HeldLines()
-    one_log_stream()  # Lightning's loggers propagate to the root logger, which holds them here
-    root = logging.getLogger()
-    level, before = root.level, list(root.handlers)
-    # The held lines alone: the root's handlers of an earlier run in this process (a console
-    # bound to a stream since closed, ...) would get every line at DEBUG.
-    root.handlers = [held]
-    root.setLevel(logging.DEBUG)  # replay applies the levels the run sets up
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("default")
-            yield held
-        held.warnings = caught
-    finally:
-        root.handlers = [h for h in root.handlers if h is not held] + before
-        root.setLevel(level)
-
-
 # Set by `script`: this process is the entry point's own (not a test or a notebook calling main).
 _AS_PROCESS = False
 
@@ -388,17 +346,3 @@ def first_process() -> bool:
     (SLURM_PROCID), or Lightning's own launcher for trainer=ddp/ddp_cpu (LOCAL_RANK, NODE_RANK)."""
     ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
     return all(os.environ.get(name, "0") == "0" for name in ranks)
-
-
-def one_log_stream() -> None:
-    """Send Lightning's log lines through the handlers Hydra configured (console and the run's
-    <task>.log, conf/hydra/default.yaml), once each. Lightning gives its loggers a console
-    handler of their own and stops them propagating when it is imported before logging is
-    configured, which the command-line check does: its lines then missed the log file."""
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning",
-                 "lightning_fabric"):  # fmt: skip
-        logger = logging.getLogger(name)
-        for handler in list(logger.handlers):
-            if type(handler) is logging.StreamHandler:  # Lightning's own; a user's file stays
-                logger.removeHandler(handler)
-        logger.propagate = True

@@ -5,12 +5,14 @@ an output_dir that is a file. Each is one `error:` line, exit 2, nothing written
 from __future__ import annotations
 
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 
 from conftest import run_cli
 from fasttrain.config import settings
+from fasttrain.config.domains import path_rule_of
 from fasttrain.config.errors import UserError
 
 
@@ -89,5 +91,9 @@ def test_predict_output_dir_on_the_command_line(mlp_ckpt: Path, tmp_path: Path) 
 
 
 def test_a_missing_output_dir_is_fine(tmp_path: Path) -> None:
-    settings.check_output_dir(str(tmp_path / "new" / "deeper"))
-    settings.check_output_dir(None)
+    rule = path_rule_of(typing.get_type_hints(settings.export, include_extras=True)["output_dir"])
+    assert rule is not None
+    for fine in (str(tmp_path / "new" / "deeper"), str(tmp_path), None, ""):
+        assert rule.admits(fine), fine
+    (tmp_path / "f").write_text("x")
+    assert not rule.admits(str(tmp_path / "f" / "deeper"))

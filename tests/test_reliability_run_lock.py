@@ -234,3 +234,21 @@ def test_a_paths_output_dir_that_cannot_be_a_folder_is_one_line(
     code, err = main_in(tmp_path, argv, monkeypatch, capsys)
     assert code == 2 and len(err) == 1 and err[0].endswith(said.format(file=file)), err
     assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("key", ["log_dir", "data_dir", "root_dir"])
+@pytest.mark.parametrize("value", ["", "{file}", "{file}/logs"], ids=["empty", "file", "under"])
+def test_a_paths_folder_that_cannot_be_one_is_refused_before_anything_is_written(
+    key: str, value: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # Before: paths.log_dir= (empty) made the run folder /train/<name>/ at the file system's
+    # root, and a file there was a traceback after the run had begun.
+    file = tmp_path / "a-file"
+    file.write_text("not a folder")
+    before = files_under(tmp_path)
+    given = value.format(file=file)
+    code, err = main_in(tmp_path, ["model=mlp", f"paths.{key}={given}"], monkeypatch, capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: paths.{key}=") and "expected a folder" in err[0], err
+    assert files_under(tmp_path) == before
+    assert not Path("/train").exists()

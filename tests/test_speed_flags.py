@@ -125,8 +125,11 @@ def test_matmul_precision_and_benchmark_are_applied(tmp_path: Path) -> None:
         ("trainer.accumulate_grad_batches=0",
          "trainer.accumulate_grad_batches=0: expected an int >= 1"),
         ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1: expected a number >= 0"),
-        ("matmul_precision=low", "matmul_precision='low': expected one of highest, high, medium"),
-        ("tuner.batch_size=double", "tuner.batch_size='double': expected one of power, binsearch"),
+        ("matmul_precision=low",
+         "matmul_precision='low': expected one of 'highest', 'high', 'medium' or null"),
+        ("tuner.batch_size=double",
+         "tuner.batch_size='double': expected one of 'power', 'binsearch' or null"),
+        ("tuner.lr_find=3", "tuner.lr_find=3: expected true or false"),
     ],
 )  # fmt: skip
 def test_bad_practice_override_fails_before_training(

@@ -14,11 +14,13 @@ stay hand-written, with the component they constrain.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from fasttrain.config.errors import ConfigError
@@ -125,6 +127,78 @@ class Domain:
         return text + "".join(f" or {c!r}" for c in self.choices)
 
 
+@dataclass(frozen=True)
+class Folder:
+    """A folder to write into, made if missing (`log_dir: Annotated[str, Folder()]`): a path,
+    not empty, with no file at it or above it. Where the annotation admits None, an empty
+    value reads as null too (the entry's default folder)."""
+
+    nullable: bool = False
+
+    def fault(self, value: Any) -> str | None:
+        """What keeps `value` from being such a folder, or None."""
+        if value is None or (self.nullable and value == ""):
+            return None if self.nullable else "is empty"
+        if not isinstance(value, str) or not value.strip():
+            return "is empty"
+        folder = Path(value).expanduser()
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if existing is None or existing.is_dir():
+            return None
+        return "is a file" if existing == folder else f"lies under a file ({existing})"
+
+    def admits(self, value: Any) -> bool:
+        return self.fault(value) is None
+
+    def says(self, value: Any = None) -> str:
+        null = " or null" if self.nullable else ""
+        return f"{self.fault(value)}; expected a folder (made if missing){null}"
+
+
+@dataclass(frozen=True)
+class FolderName:
+    """A folder's name inside the folder its value goes under (`run_name`, inside
+    logs/<task>/): not empty, relative, no `.` or `..` part, each part a file name's length."""
+
+    inside: str
+    nullable: bool = False
+
+    def admits(self, value: Any) -> bool:
+        return (value is None and self.nullable) or self._fault(value) is None
+
+    def _fault(self, value: Any) -> str | None:
+        parts = PurePosixPath(str(value)).parts
+        if not isinstance(value, str) or not value.strip() or value.startswith("/"):
+            return f"expected a folder name inside {self.inside}"
+        if any(p in (".", "..") for p in parts):
+            return f"expected a folder name inside {self.inside}"
+        if any(len(part.encode()) > NAME_MAX for part in parts):
+            return f"expected at most {NAME_MAX} bytes per folder"
+        return None
+
+    def says(self, value: Any = None) -> str:
+        return self._fault(value) or f"expected a folder name inside {self.inside}"
+
+
+NAME_MAX = 255  # bytes in one file name on common file systems
+PathRule = Folder | FolderName
+
+
+def path_rule_of(annotation: Any) -> PathRule | None:
+    """The Folder or FolderName in `Annotated[str, Folder()]` (also `... | None`), with
+    `nullable` as the annotation says, or None."""
+    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    nullable = any(m is type(None) for m in members)
+    for member in members:
+        if typing.get_origin(member) is Annotated:
+            base, *extras = typing.get_args(member)
+            found = next((e for e in extras if isinstance(e, (Folder, FolderName))), None)
+            if found is not None:
+                inner = typing.get_args(base) if _is_union(base) else (base,)
+                return dataclasses.replace(found, nullable=nullable or type(None) in inner)
+    return None
+
+
 def domain_of(annotation: Any) -> Domain | None:
     """The Range in `Annotated[int, Range]` (also inside `... | None`), or None."""
     members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
@@ -196,14 +270,19 @@ def choice_of(annotation: Any) -> Choice | None:
 
 
 @functools.cache
-def rules(func: Callable[..., Any]) -> dict[str, Domain | Choice]:
+def rules(func: Callable[..., Any]) -> dict[str, Domain | Choice | PathRule]:
     """Each argument of `func` with a declared domain or a Literal's choices, in order."""
     try:
         hints = typing.get_type_hints(func, include_extras=True)
     except Exception:  # a name only imported under TYPE_CHECKING: no rule is read from it
         return {}
-    found = {name: domain_of(ann) or choice_of(ann) for name, ann in hints.items()}
+    found = {name: rule_of(ann) for name, ann in hints.items()}
     return {name: rule for name, rule in found.items() if rule is not None}
+
+
+def rule_of(annotation: Any) -> Domain | Choice | PathRule | None:
+    """The rule an annotation declares: a number's range, a path's, or a Literal's choices."""
+    return domain_of(annotation) or path_rule_of(annotation) or choice_of(annotation)
 
 
 def check_arguments(func: Callable[..., Any], values: Mapping[str, Any]) -> None:

@@ -274,10 +274,8 @@ def _pin(cfg: Any, parsed: list[Any]) -> list[str]:
     keys = {o.key_or_group for o in parsed}
     if "paths.output_dir" in keys and "hydra.run.dir" not in keys:
         # The folder named is the run's: its lock, .hydra/ and log go there too, not into a
-        # second folder under logs/ that no lock of the named one would guard.
-        from fasttrain.config.settings import check_run_folder
-
-        check_run_folder(cfg.paths.output_dir)
+        # second folder under logs/ that no lock of the named one would guard. (Its value was
+        # checked with the paths group: fasttrain.config.settings.paths.)
         folder = os.path.abspath(str(cfg.paths.output_dir))
         _as_in_a_run_at(cfg, folder)
         return [f"hydra.run.dir={quote(folder)}"]

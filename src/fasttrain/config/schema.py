@@ -23,7 +23,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fasttrain.config import settings
-from fasttrain.config.domains import Choice, domain_of
+from fasttrain.config.domains import Choice, domain_of, path_rule_of
 from fasttrain.config.errors import ConfigError, UserError
 
 _SPECIAL_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -121,6 +121,9 @@ def check_settings(cfg: DictConfig, entry_name: str) -> None:
     params, hints = _signature(f"{entry.__module__}.{entry.__qualname__}", "")
     own = frozenset(k for k in cfg if k not in params and _is_group(cfg, k))
     _check_args(cfg, "", params, hints, "", skip=own, finite=False)
+    for group, keys in settings.GROUPS.items():  # plain groups (no _target_): paths, tuner
+        if group in cfg and _is_group(cfg, group) and "_target_" not in cfg[group]:
+            _check_args(cfg[group], "", *parameters_of(keys), group)
     values = {k: _plain(cfg[k]) for k in params if k in cfg and not OmegaConf.is_missing(cfg, k)}
     required = [n for n, p in params.items() if p.default is p.empty]
     if any(n not in values for n in required):
@@ -169,8 +172,8 @@ def _check_args(
                 continue
             close = difflib.get_close_matches(str(key), named, n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; valid: {', '.join(named)}"
-            if not target:  # an entry's top-level key
-                raise UserError(f"{key!s}: no such key{hint}")
+            if not target:  # an entry's top-level key, or a plain group's (tuner.lr_find)
+                raise UserError(f"{_join(path, key)}: no such key{hint}")
             raise UserError(f"{_join(path, key)}: {target} has no argument '{key!s}'{hint}")
         if OmegaConf.is_missing(node, key):
             continue  # reported by validate() with the path
@@ -185,8 +188,9 @@ def _check_args(
         if not _matches(value, annotation):
             raise UserError(f"{_join(path, key)}={value!r}: expected {_describe(annotation)}")
         domain = domain_of(annotation)  # its declared range, which also says finite
-        if domain is not None and not domain.admits(value):
-            raise UserError(f"{_join(path, key)}={value!r}: {domain.says(value)}")
+        rule = domain or path_rule_of(annotation)
+        if rule is not None and not rule.admits(value):
+            raise UserError(f"{_join(path, key)}={value!r}: {rule.says(value)}")
         if finite and domain is None:
             _check_finite(node, key, path)
     if not node.get("_partial_", False):
@@ -358,6 +362,8 @@ def _describe(ann: Any) -> str:
             choices.extend(repr(v) for v in typing.get_args(a))
         elif a is type(None) or a is None:
             kinds.append("null")
+        elif a is bool:
+            kinds.append("true or false")
         else:
             name = getattr(a, "__name__", None) or str(a).replace("typing.", "")
             if typing.get_origin(a) is not None:

@@ -9,64 +9,37 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fasttrain.config.domains import AtLeast, Range
+from fasttrain.config import domains
+from fasttrain.config.domains import AtLeast, FolderName, Range
 from fasttrain.config.errors import ConfigError, UserError
 
-MATMUL_PRECISIONS = ("highest", "high", "medium")
+MatmulPrecision = Literal["highest", "high", "medium"]
 BatchSizeMode = Literal["power", "binsearch"]
 Device = Literal["auto", "cpu", "cuda"]
 SEED_MAX = 2**32 - 1  # numpy's and Lightning's seed range
-NAME_MAX = 255  # bytes in one file name on common file systems
 # Scheduler arguments that give a schedule's length (CosineAnnealingLR, OneCycleLR): left out of
 # the scheduler config, the task (fasttrain.models.optim_plan) sets them to the run's length.
 RUN_LENGTH_ARGS = ("T_max", "total_steps")
 
 
-def check_run_name(run_name: str) -> None:
-    """A run folder stays inside logs/<task>/: no empty name, no `.`/`..` part, no absolute path."""
-    parts = PurePosixPath(run_name).parts
-    if not run_name.strip() or run_name.startswith("/") or any(p in (".", "..") for p in parts):
-        raise ConfigError("run_name", run_name, "expected a folder name inside logs/<task>/")
-    if any(len(part.encode()) > NAME_MAX for part in parts):
-        raise ConfigError("run_name", run_name, f"expected at most {NAME_MAX} bytes per folder")
-
-
-def check_tuner(lr_find: bool = False, batch_size: BatchSizeMode | None = None) -> None:
+def tuner(lr_find: bool = False, batch_size: BatchSizeMode | None = None) -> None:
     """`tuner:` of conf/train.yaml (Lightning's LR and batch-size finders, run before fit)."""
-    if not isinstance(lr_find, bool):
-        raise ConfigError("lr_find", lr_find, "expected true or false")
-    if batch_size not in (None, "power", "binsearch"):
-        raise ConfigError("batch_size", batch_size, "expected one of power, binsearch or null")
 
 
-def check_output_dir(output_dir: str | None) -> None:
-    """A folder to write into (made if missing): no part of the path may be a file."""
-    if not output_dir:
-        return
-    if (what := _not_a_folder(output_dir)) is not None:
-        raise ConfigError(
-            "output_dir", output_dir, f"{what}; expected a folder (made if missing) or null"
-        )
+Folder = Annotated[str, domains.Folder()]
 
 
-def check_run_folder(output_dir: Any) -> None:
-    """paths.output_dir given on the command line: the run's own folder (made if missing)."""
-    what = "is empty" if not str(output_dir or "").strip() else _not_a_folder(str(output_dir))
-    if what is not None:
-        raise ConfigError("output_dir", output_dir,
-                          f"{what}; expected a folder (made if missing)").at("paths")  # fmt: skip
+def paths(root_dir: Folder, data_dir: Folder, log_dir: Folder, output_dir: Folder,
+          **more: Any) -> None:  # fmt: skip
+    """`paths:` (conf/paths/default.yaml): each a folder to write into, none empty (an empty
+    log_dir put runs under /). A project's own keys beside them are its business."""
 
 
-def _not_a_folder(path: str) -> str | None:
-    """What keeps `path` from being a folder to write into: a file there or above it."""
-    folder = Path(path).expanduser()
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is None or existing.is_dir():
-        return None
-    return "is a file" if existing == folder else f"lies under a file ({existing})"
+# The plain groups (no _target_) each entry config may hold, checked like a signature.
+GROUPS: dict[str, Callable[..., None]] = {"tuner": tuner, "paths": paths}
 
 
 def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:
@@ -177,16 +150,15 @@ Seed = Annotated[int, Range(0, SEED_MAX)]
 Temperature = Range(0, what="a finite number", note="0: the most likely token")
 
 
-def run(task_name: str, run_name: str, seed: Seed) -> None:
-    """Keys every entry has."""
-    check_run_name(run_name)
+RunName = Annotated[str, FolderName("logs/<task>/")]
+OutputDir = Annotated[str | None, domains.Folder()]
 
 
 def train(
     task_name: str,
-    run_name: str,
+    run_name: RunName,
     seed: Seed,
-    matmul_precision: str | None = "high",
+    matmul_precision: MatmulPrecision | None = "high",
     oom_fallback: bool = False,
     tuner: dict[str, Any] | None = None,
     train: bool = True,
@@ -200,21 +172,10 @@ def train(
     """`trainer` and `model` are component nodes, checked on their own; only what depends on
     two keys at once (train and the trainer's limits, the schedule and the run's length) is
     checked here, before a run folder exists."""
-    run(task_name, run_name, seed)
-    if matmul_precision is not None and matmul_precision not in MATMUL_PRECISIONS:
-        expected = f"expected one of {', '.join(MATMUL_PRECISIONS)}"
-        raise ConfigError("matmul_precision", matmul_precision, expected)
     check_training_batches(train, trainer)
     check_intervals(trainer)
     check_schedule_length(model, trainer)
     check_precision_and_processes(trainer, model, tuner, oom_fallback)
-    try:
-        check_tuner(**(tuner or {}))
-    except ConfigError as err:
-        raise err.at("tuner") from None
-    except TypeError:
-        keys = ", ".join(sorted(tuner or {}))
-        raise UserError(f"tuner: unknown key among {keys}; valid: lr_find, batch_size") from None
     if not resume:
         raise ConfigError("resume", resume, "expected never, auto or a checkpoint path")
     run_tags(tags)
@@ -234,32 +195,31 @@ def run_tags(tags: Any) -> list[str]:
     return listed
 
 
-def evaluate(task_name: str, run_name: str, seed: Seed, ckpt_path: str) -> None:
-    run(task_name, run_name, seed)
+def evaluate(task_name: str, run_name: RunName, seed: Seed, ckpt_path: str) -> None:
+    """conf/eval.yaml"""
 
 
 def export(
     task_name: str,
-    run_name: str,
+    run_name: RunName,
     seed: Seed,
     ckpt_path: str,
     format: str = "all",
-    output_dir: str | None = None,
+    output_dir: OutputDir = None,
     device: Device = "auto",
     latency_time: Annotated[float, Range(0, low_open=True, what="seconds")] = 0.2,
     strict: bool = True,
 ) -> None:
-    run(task_name, run_name, seed)
-    check_output_dir(output_dir)
+    """conf/export.yaml"""
 
 
 def predict(
     task_name: str,
-    run_name: str,
+    run_name: RunName,
     seed: Seed,
     ckpt_path: str,
     input: str | None = None,
-    output_dir: str | None = None,
+    output_dir: OutputDir = None,
     device: Device = "auto",
     prompt: str | None = None,
     max_new_tokens: Annotated[int, AtLeast(1)] = 200,
@@ -269,18 +229,16 @@ def predict(
     top_k: Annotated[int | None, AtLeast(1, null="every token")] = 50,
     kv_cache: bool = True,
 ) -> None:
-    run(task_name, run_name, seed)
-    check_output_dir(output_dir)
+    """conf/predict.yaml"""
     if prompt is not None and input is not None:
         raise ConfigError("input", input, "a language model's prompt= takes no input file")
 
 
 def prepare(
-    task_name: str, run_name: str, seed: Seed, output_dir: str | None = None,
+    task_name: str, run_name: RunName, seed: Seed, output_dir: OutputDir = None,
     shard_size: Annotated[int, AtLeast(1, note="samples per shard")] = 1000,
 ) -> None:  # fmt: skip
-    run(task_name, run_name, seed)
-    check_output_dir(output_dir)
+    """conf/prepare.yaml"""
     out = Path(output_dir).expanduser() if output_dir else None
     if out is not None and out.is_dir() and any(out.iterdir()):
         raise ConfigError("output_dir", output_dir, "exists and is not empty; choose a new folder")

@@ -232,6 +232,9 @@ class Trainer(L.Trainer):
         accumulate_grad_batches: Annotated[int, AtLeast(1)] = 1,
         gradient_clip_val: Annotated[float | None, NonNegative] = None,
         gradient_clip_algorithm: ClipAlgorithm | None = None,
+        # every-N counts Lightning divides by mid-fit (0: a ZeroDivisionError after the run began)
+        log_every_n_steps: Annotated[int, AtLeast(1)] = 50,
+        check_val_every_n_epoch: Annotated[int | None, AtLeast(1)] = 1,
         **kwargs: Any,
     ) -> None:
         named = strategy.lower() if isinstance(strategy, str) else "auto"
@@ -258,6 +261,8 @@ class Trainer(L.Trainer):
             accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=gradient_clip_algorithm,
+            log_every_n_steps=log_every_n_steps,
+            check_val_every_n_epoch=check_val_every_n_epoch,
             **kwargs,
         )
         # Those given and those Lightning added (model summary); its stubs lack `callbacks`.

@@ -42,9 +42,10 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
             _check_call(node, path)
             _check_optimizer(node, path)
             _check_scheduler(node, path)
-        # data first: the values the others take from it (a net's `${data.channels}`) are
-        # then refused under the data set's own name
-        for key in sorted(node, key=lambda k: k != "data") if not path else node:
+        # data and trainer first: the values the others take from them (a net's
+        # `${data.channels}`, a callback's `${trainer.log_every_n_steps}`) are then refused
+        # under their own names
+        for key in sorted(node, key=lambda k: k not in ("data", "trainer")) if not path else node:
             if OmegaConf.is_missing(node, key):
                 raise UserError(
                     f"{_join(path, key)} is required (it has no value; set it as an override)"

@@ -65,19 +65,6 @@ _RUN_LENGTH_VALID = {
 }
 
 
-def check_intervals(trainer: dict[str, Any] | None) -> None:
-    """The trainer's every-N counts, which Lightning divides by mid-fit (0: a ZeroDivisionError
-    after the run folder is written); log_every_n_steps is checked here, before the callbacks
-    that follow it (callbacks.grad_monitor.every_n_steps) would name themselves instead."""
-    for knob, null_ok in (("log_every_n_steps", False), ("check_val_every_n_epoch", True)):
-        value = (trainer or {}).get(knob, 1)
-        if value is None and null_ok:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            also = " or null (validation by val_check_interval alone)" if null_ok else ""
-            raise ConfigError(knob, value, f"expected an int >= 1{also}").at("trainer")
-
-
 def check_schedule_length(model: dict[str, Any] | None, trainer: dict[str, Any] | None) -> None:
     """A schedule whose length the run sets needs a run of known length in its unit: epochs
     (model.scheduler_interval=epoch) or optimizer steps (=step). Checked again by the task;
@@ -173,7 +160,6 @@ def train(
     two keys at once (train and the trainer's limits, the schedule and the run's length) is
     checked here, before a run folder exists."""
     check_training_batches(train, trainer)
-    check_intervals(trainer)
     check_schedule_length(model, trainer)
     check_precision_and_processes(trainer, model, tuner, oom_fallback)
     if not resume:

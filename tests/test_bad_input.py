@@ -135,6 +135,11 @@ CASES = [
     (["trainer.val_check_interval=0"], ["trainer.val_check_interval=0", "an int >= 1"]),
     (["trainer.check_val_every_n_epoch=0"], ["trainer.check_val_every_n_epoch=0", ">= 1 or null"]),
     (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0", "an int >= 1"]),
+    # Lightning's TypeError traceback (devices), or a run that took them (the others)
+    (["trainer.devices=-3"], ["trainer.devices=-3", ">= -1 (-1: every device)"]),
+    (["trainer.min_epochs=-1"], ["trainer.min_epochs=-1", "an int >= 0 or null"]),
+    (["+trainer.num_sanity_val_steps=-5"], ["trainer.num_sanity_val_steps=-5", ">= -1"]),
+    (["+trainer.num_nodes=0"], ["trainer.num_nodes=0", "an int >= 1"]),
     (
         ["trainer.val_check_interval=1000"],
         ["trainer.val_check_interval=1000", "at most 19", "check_val_every_n_epoch=null"],

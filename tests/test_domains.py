@@ -53,6 +53,37 @@ def test_an_int_domain_holds_ints_and_a_literal_beside_it_its_own_values() -> No
     assert shape is not None and shape.admits([3, 8]) and not shape.admits([3, 8.5])
 
 
+def test_a_plain_str_beside_a_domain_leaves_text_to_the_component() -> None:
+    # trainer.devices: a count (-1: every device), a list of indices, or Lightning's "0,1"
+    devices = domain_of(Annotated[int | list[int], AtLeast(-1)] | str)
+    assert devices is not None and devices.admits("0,1") and devices.admits([0, 1])
+    assert not any(map(devices.admits, [-3, [-3], float("nan"), 2.5]))
+    counted = domain_of(Annotated[int, AtLeast(-1)] | Literal["auto"])
+    assert counted is not None and not counted.admits("0,1")
+
+
+def test_a_folder_rule_refuses_empty_a_file_and_a_path_under_one(tmp_path: Any) -> None:
+    from fasttrain.config.domains import Folder, FolderName, path_rule_of
+
+    (tmp_path / "f").write_text("x")
+    folder = path_rule_of(Annotated[str, Folder()])
+    assert folder is not None and folder.admits(str(tmp_path / "new" / "deeper"))
+    refused = [
+        ("", "is empty"),
+        (" ", "is empty"),
+        (None, "is empty"),
+        (str(tmp_path / "f"), "is a file"),
+        (str(tmp_path / "f" / "x"), "lies under a file"),
+    ]
+    for bad, said in refused:
+        assert not folder.admits(bad) and folder.says(bad).startswith(said), bad
+    optional = path_rule_of(Annotated[str | None, Folder()])
+    assert optional is not None and optional.admits(None) and optional.admits("")
+    name = path_rule_of(Annotated[str, FolderName("logs/<task>/")])
+    assert name is not None and name.admits("a/b") and name.admits("lr=0.1_0101-000000")
+    assert not any(map(name.admits, ["", "/abs", "..", "a/../b", "x" * 256]))
+
+
 def _component(dropout: Annotated[float, Probability] = 0.1, size: int = 1) -> None:
     check_arguments(_component, locals())
 
@@ -103,8 +134,10 @@ def test_the_config_check_names_the_override_and_the_declared_range() -> None:
 # Numeric arguments of fasttrain's own components and settings that declare no domain yet.
 # Each is still checked by hand where it is used; move its rule into the signature and
 # delete it from here. (Classifier.num_classes is checked when built: an image folder with one
-# class folder says so in its own words first.)
-UNDECLARED_MOST = 18
+# class folder says so in its own words first. Lightning's limit_*_batches, overfit_batches and
+# val_check_interval take an int of batches or a fraction, which one Range cannot say; it
+# refuses their bad values in one line itself, as it does max_epochs/max_steps below -1.)
+UNDECLARED_MOST = 10
 
 
 def _own_targets() -> set[str]:

@@ -426,7 +426,7 @@ def accepted(base: str, tmp_path: Path) -> list[str]:
 # a sample in the default run: the ones most likely to break a run's end (no "best" to test)
 SAMPLED_RUNS = ["callbacks.best.save_top_k=0", "callbacks.checkpoint.save_top_k=0",
                 "callbacks.progress_bar.refresh_rate=0", "callbacks.grad_monitor.norm_type=1e12",
-                "trainer.max_steps=-1", "trainer.min_epochs=-1"]  # fmt: skip
+                "trainer.max_steps=-1", "trainer.limit_train_batches=1e12"]  # fmt: skip
 
 
 @pytest.mark.parametrize("override", SAMPLED_RUNS)

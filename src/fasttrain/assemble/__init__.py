@@ -235,6 +235,14 @@ class Trainer(L.Trainer):
         # every-N counts Lightning divides by mid-fit (0: a ZeroDivisionError after the run began)
         log_every_n_steps: Annotated[int, AtLeast(1)] = 50,
         check_val_every_n_epoch: Annotated[int | None, AtLeast(1)] = 1,
+        # Lightning's own checks of these are a TypeError traceback (devices=-3) or none
+        # (min_epochs=-1, num_sanity_val_steps=-5 ran)
+        devices: Annotated[int | list[int], AtLeast(-1, note="-1: every device")] | str = "auto",
+        num_nodes: Annotated[int, AtLeast(1)] = 1,
+        min_epochs: Annotated[int | None, AtLeast(0)] = None,
+        min_steps: Annotated[int | None, AtLeast(0)] = None,
+        num_sanity_val_steps: Annotated[int | None, AtLeast(-1, note="-1: every batch")] = None,
+        reload_dataloaders_every_n_epochs: Annotated[int, AtLeast(0)] = 0,
         **kwargs: Any,
     ) -> None:
         named = strategy.lower() if isinstance(strategy, str) else "auto"
@@ -263,6 +271,12 @@ class Trainer(L.Trainer):
             gradient_clip_algorithm=gradient_clip_algorithm,
             log_every_n_steps=log_every_n_steps,
             check_val_every_n_epoch=check_val_every_n_epoch,
+            devices=devices,
+            num_nodes=num_nodes,
+            min_epochs=min_epochs,
+            min_steps=min_steps,
+            num_sanity_val_steps=num_sanity_val_steps,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
             **kwargs,
         )
         # Those given and those Lightning added (model summary); its stubs lack `callbacks`.

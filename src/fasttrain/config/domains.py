@@ -108,10 +108,11 @@ class Domain:
     nullable: bool
     listed: bool  # a list of such numbers (not empty) is admitted too
     choices: tuple[Any, ...] = ()  # the values of a Literal beside it ("auto"), admitted as such
+    text: bool = False  # a plain `str` beside it: any text is the component's to read
 
     def admits(self, value: Any) -> bool:
-        if isinstance(value, str) and value in self.choices:
-            return True
+        if isinstance(value, str):
+            return self.text or value in self.choices
         if isinstance(value, Sequence) and not isinstance(value, str):  # a ListConfig too
             some = bool(value) or self.range.empty
             return self.listed and some and all(map(self._holds, value))
@@ -215,7 +216,9 @@ def domain_of(annotation: Any) -> Domain | None:
                 nullable = nullable or type(None) in inner
                 choices = [a for m in members if typing.get_origin(m) is Literal
                            for a in typing.get_args(m)]  # fmt: skip
-                return Domain(found, kind, nullable, listed=bool(items), choices=tuple(choices))
+                text = any(m is str for m in members)
+                return Domain(found, kind, nullable, listed=bool(items), choices=tuple(choices),
+                              text=text)  # fmt: skip
     return None
 
 

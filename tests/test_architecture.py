@@ -260,6 +260,7 @@ runpy.run_path("train.py", run_name="__main__")
 """
 # never in a run that does not name them (or, for the error path and --help, that works)
 BATTERIES = {
+    "tasks.tuner",
     "models.language_model",
     "models.regressor",
     "models.schedules",
@@ -282,9 +283,9 @@ BATTERIES = {
     "deploy",
 }  # fmt: skip  (deploy: all of it)
 # today's counts, as a ratchet (issue target: <= 35 modules, <= 6,000 lines); the other tasks
-# (fasttrain.tasks.checkpoint, prepare_data) and the resume checks (checkpoints.fits) load on
-# demand
-MOST_MODULES, MOST_LINES = 48, 7458
+# (fasttrain.tasks.checkpoint, prepare_data), the resume checks (checkpoints.fits) and the
+# tuner load on demand
+MOST_MODULES, MOST_LINES = 48, 7421
 
 
 def loaded(tmp_path: Path, *overrides: str) -> tuple[set[str], int]:

@@ -63,7 +63,7 @@ def test_a_plain_str_beside_a_domain_leaves_text_to_the_component() -> None:
 
 
 def test_a_folder_rule_refuses_empty_a_file_and_a_path_under_one(tmp_path: Any) -> None:
-    from fasttrain.config.domains import Folder, FolderName, path_rule_of
+    from fasttrain.config.domains import Folder, path_rule_of
 
     (tmp_path / "f").write_text("x")
     folder = path_rule_of(Annotated[str, Folder()])
@@ -79,7 +79,7 @@ def test_a_folder_rule_refuses_empty_a_file_and_a_path_under_one(tmp_path: Any) 
         assert not folder.admits(bad) and folder.says(bad).startswith(said), bad
     optional = path_rule_of(Annotated[str | None, Folder()])
     assert optional is not None and optional.admits(None) and optional.admits("")
-    name = path_rule_of(Annotated[str, FolderName("logs/<task>/")])
+    name = path_rule_of(Annotated[str, Folder(inside="logs/<task>/")])
     assert name is not None and name.admits("a/b") and name.admits("lr=0.1_0101-000000")
     assert not any(map(name.admits, ["", "/abs", "..", "a/../b", "x" * 256]))
 

@@ -11,9 +11,9 @@ import pytest
 from practices import build_run, compose_train
 
 from conftest import scalars
-from fasttrain import fit
-from fasttrain.fit import tune
 from fasttrain.models.classifier import scale_lr
+from fasttrain.tasks import tuner
+from fasttrain.tasks.tuner import tune
 
 CPU = ["trainer.accelerator=cpu", "trainer.devices=1"]
 
@@ -55,7 +55,7 @@ def test_lr_find_sets_the_lr_used_for_training(
 ) -> None:
     # The range test needs a few dozen steps within the one epoch it may run. Whether its
     # suggestion is credible is tests/test_truth_runs.py's business: here it is taken.
-    monkeypatch.setattr(fit, "credible_lr", lambda lrs, losses, lr, configured: (lr, "taken"))
+    monkeypatch.setattr(tuner, "credible_lr", lambda lrs, losses, lr, configured: (lr, "taken"))
     cfg = compose_train(tmp_path, *CPU, "model.optimizer.lr=0.123", "data.batch_size=16",
                         "trainer.limit_train_batches=40")  # fmt: skip
     first = FirstLr()
@@ -64,6 +64,22 @@ def test_lr_find_sets_the_lr_used_for_training(
     assert model.lr is not None and model.lr != 0.123
     trainer.fit(model, datamodule=datamodule)
     assert first.lr == pytest.approx(model.lr)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "asked"),
+    [([], None), (["tuner.lr_find=true"], {"lr_find": True, "batch_size": None}),
+     (["tuner.batch_size=binsearch"], {"lr_find": False, "batch_size": "binsearch"})],
+)  # fmt: skip
+def test_the_training_task_runs_the_tuner_its_config_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str], asked: dict | None
+) -> None:
+    from fasttrain.tasks import train
+
+    calls: list[dict] = []
+    monkeypatch.setattr(tuner, "tune", lambda trainer, model, data, **knobs: calls.append(knobs))
+    train(compose_train(tmp_path, *CPU, "logger=none", *overrides))
+    assert calls == ([asked] if asked else [])
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ from conftest import run_cli, run_dirs
 from fasttrain.callbacks.grad_health import NonFiniteGradientError
 from fasttrain.config.errors import ConfigError, UserError
 from fasttrain.config.settings import check_precision_and_processes
-from fasttrain.fit import credible_lr, tune
 from fasttrain.models.nets import MLP
+from fasttrain.tasks.tuner import credible_lr, tune
 
 TINY = ["model=mlp", "logger=none", "data.num_workers=0"]
 
@@ -160,7 +160,7 @@ def test_lr_find_says_what_it_chose(tmp_path: Path, caplog: pytest.LogCaptureFix
     cfg = compose_train(tmp_path, "trainer.accelerator=cpu", "trainer.devices=1",
                         "data.batch_size=16", "trainer.limit_train_batches=40")  # fmt: skip
     trainer, model, datamodule = build_run(cfg)
-    with caplog.at_level(logging.INFO, logger="fasttrain.fit"):
+    with caplog.at_level(logging.INFO, logger="fasttrain.tasks.tuner"):
         tune(trainer, model, datamodule, lr_find=True)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tuner.lr_find")]
     assert ("keeping the configured lr" in line) == (model.lr is None), line

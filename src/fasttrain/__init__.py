@@ -54,6 +54,7 @@ PUBLIC = {
     "Probability": "fasttrain.config.domains",
     "OpenUnit": "fasttrain.config.domains",
     "LearningRate": "fasttrain.config.domains",
+    "Folder": "fasttrain.config.domains",  # `out: Annotated[str, Folder()]`: a folder to write to
     "check_arguments": "fasttrain.config.domains",
     # a project's entry modules: `main, run = entry_points("train", tasks.train)`
     "entry_points": "fasttrain.cli",

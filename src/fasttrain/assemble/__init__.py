@@ -245,13 +245,15 @@ class Trainer(L.Trainer):
         reload_dataloaders_every_n_epochs: Annotated[int, AtLeast(0)] = 0,
         **kwargs: Any,
     ) -> None:
+        # the arguments declared above, as given: checked here, then handed on to Lightning
+        declared = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
         named = strategy.lower() if isinstance(strategy, str) else "auto"
         known = named == "auto" or named in StrategyRegistry.available_strategies()
         if not known and named not in strategy_names():  # which registers `dp`, if named
             raise ConfigError(
                 "strategy", strategy, f"expected one of {', '.join(strategy_names())}"
             )
-        check_arguments(Trainer.__init__, locals())
+        check_arguments(Trainer.__init__, declared)
         accelerator = kwargs.get("accelerator")
         if accelerator in ("gpu", "cuda") and not _gpu_available():
             raise ConfigError(
@@ -264,21 +266,7 @@ class Trainer(L.Trainer):
             raise ConfigError("val_check_interval", 0, VAL_CHECK_VALID)
         if kwargs.get("profiler") is None:
             kwargs["profiler"] = NoProfiler()
-        super().__init__(
-            strategy=strategy,
-            accumulate_grad_batches=accumulate_grad_batches,
-            gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm,
-            log_every_n_steps=log_every_n_steps,
-            check_val_every_n_epoch=check_val_every_n_epoch,
-            devices=devices,
-            num_nodes=num_nodes,
-            min_epochs=min_epochs,
-            min_steps=min_steps,
-            num_sanity_val_steps=num_sanity_val_steps,
-            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
-            **kwargs,
-        )
+        super().__init__(**declared, **kwargs)
         # Those given and those Lightning added (model summary); its stubs lack `callbacks`.
         for callback in self.callbacks:  # type: ignore[attr-defined]
             skip_unused_step_hooks(callback)

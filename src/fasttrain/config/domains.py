@@ -17,13 +17,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fasttrain.config.errors import ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -130,10 +133,11 @@ class Domain:
 
 @dataclass(frozen=True)
 class Folder:
-    """A folder to write into, made if missing (`log_dir: Annotated[str, Folder()]`): a path,
-    not empty, with no file at it or above it. Where the annotation admits None, an empty
-    value reads as null too (the entry's default folder)."""
+    """A folder to write into, made if missing (`log_dir: Annotated[str, Folder()]`): not empty,
+    no file at it or above it; where the annotation admits None, empty reads as null too. With
+    `inside` ("logs/<task>/"): a folder's name under that one (relative, no `.`/`..` part)."""
 
+    inside: str = ""
     nullable: bool = False
 
     def fault(self, value: Any) -> str | None:
@@ -142,6 +146,11 @@ class Folder:
             return None if self.nullable else "is empty"
         if not isinstance(value, str) or not value.strip():
             return "is empty"
+        if self.inside:
+            parts = PurePosixPath(value).parts
+            if value.startswith("/") or any(p in (".", "..") for p in parts):
+                return "is not"
+            return "is too long" if any(len(p.encode()) > NAME_MAX for p in parts) else None
         folder = Path(value).expanduser()
         existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
         if existing is None or existing.is_dir():
@@ -152,83 +161,62 @@ class Folder:
         return self.fault(value) is None
 
     def says(self, value: Any = None) -> str:
+        if self.inside:
+            too_long = self.fault(value) == "is too long"
+            return f"expected at most {NAME_MAX} bytes per folder" if too_long else (
+                f"expected a folder name inside {self.inside}")  # fmt: skip
         null = " or null" if self.nullable else ""
         return f"{self.fault(value)}; expected a folder (made if missing){null}"
 
 
-@dataclass(frozen=True)
-class FolderName:
-    """A folder's name inside the folder its value goes under (`run_name`, inside
-    logs/<task>/): not empty, relative, no `.` or `..` part, each part a file name's length."""
-
-    inside: str
-    nullable: bool = False
-
-    def admits(self, value: Any) -> bool:
-        return (value is None and self.nullable) or self._fault(value) is None
-
-    def _fault(self, value: Any) -> str | None:
-        parts = PurePosixPath(str(value)).parts
-        if not isinstance(value, str) or not value.strip() or value.startswith("/"):
-            return f"expected a folder name inside {self.inside}"
-        if any(p in (".", "..") for p in parts):
-            return f"expected a folder name inside {self.inside}"
-        if any(len(part.encode()) > NAME_MAX for part in parts):
-            return f"expected at most {NAME_MAX} bytes per folder"
-        return None
-
-    def says(self, value: Any = None) -> str:
-        return self._fault(value) or f"expected a folder name inside {self.inside}"
-
-
 NAME_MAX = 255  # bytes in one file name on common file systems
-PathRule = Folder | FolderName
 
 
-def path_rule_of(annotation: Any) -> PathRule | None:
-    """The Folder or FolderName in `Annotated[str, Folder()]` (also `... | None`), with
-    `nullable` as the annotation says, or None."""
-    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
-    nullable = any(m is type(None) for m in members)
-    for member in members:
-        if typing.get_origin(member) is Annotated:
-            base, *extras = typing.get_args(member)
-            found = next((e for e in extras if isinstance(e, (Folder, FolderName))), None)
-            if found is not None:
-                inner = typing.get_args(base) if _is_union(base) else (base,)
-                return dataclasses.replace(found, nullable=nullable or type(None) in inner)
-    return None
+def path_rule_of(annotation: Any) -> Folder | None:
+    """The Folder in `Annotated[str, Folder()]` (also `... | None`), nullable as the annotation
+    says, or None."""
+    declared = _declared(annotation, Folder)
+    if declared is None:
+        return None
+    found, members, inner = declared
+    return dataclasses.replace(found, nullable=type(None) in (*members, *inner))
 
 
 def domain_of(annotation: Any) -> Domain | None:
     """The Range in `Annotated[int, Range]` (also inside `... | None`), or None."""
-    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
-    nullable = any(m is type(None) for m in members)
+    declared = _declared(annotation, Range)
+    if declared is None:
+        return None
+    found, members, inner = declared
+    items = [a for m in inner if _is_sequence(m) for a in typing.get_args(m)]
+    kind = int if {*inner, *items} & {int, float} == {int} else float
+    choices = [a for m in members if typing.get_origin(m) is Literal for a in typing.get_args(m)]
+    return Domain(found, kind, nullable=type(None) in (*members, *inner), listed=bool(items),
+                  choices=tuple(choices), text=str in members)  # fmt: skip
+
+
+def _declared(annotation: Any, rule: type[T]) -> tuple[T, tuple[Any, ...], tuple[Any, ...]] | None:
+    """The first `rule` in the Annotated extras of `annotation` or of one of its union members,
+    with those members and the members of the annotated type (`int | list[int]`)."""
+    members = _members(annotation)
     for member in members:
         if typing.get_origin(member) is Annotated:
             base, *extras = typing.get_args(member)
-            found = next((e for e in extras if isinstance(e, Range)), None)
+            found = next((e for e in extras if isinstance(e, rule)), None)
             if found is not None:
-                inner = typing.get_args(base) if _is_union(base) else (base,)
-                items = [a for m in inner if _is_sequence(m) for a in typing.get_args(m)]
-                numbers = {*inner, *items} & {int, float}
-                kind = int if numbers == {int} else float
-                nullable = nullable or type(None) in inner
-                choices = [a for m in members if typing.get_origin(m) is Literal
-                           for a in typing.get_args(m)]  # fmt: skip
-                text = any(m is str for m in members)
-                return Domain(found, kind, nullable, listed=bool(items), choices=tuple(choices),
-                              text=text)  # fmt: skip
+                return found, members, _members(base)
     return None
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    return typing.get_args(annotation) if is_union(annotation) else (annotation,)
 
 
 def _is_sequence(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (list, tuple, Sequence)
 
 
-def _is_union(annotation: Any) -> bool:
-    import types
-
+def is_union(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (typing.Union, types.UnionType)
 
 
@@ -258,7 +246,7 @@ def _yaml(value: Any) -> str:
 def choice_of(annotation: Any) -> Choice | None:
     """The values of `Literal[...]` (also `Literal[...] | None`, `bool | Literal["all"]`) or of
     `bool`, or None where the annotation admits anything else."""
-    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    members = _members(annotation)
     values: list[Any] = []
     for member in members:
         if typing.get_origin(member) is Literal:
@@ -273,7 +261,7 @@ def choice_of(annotation: Any) -> Choice | None:
 
 
 @functools.cache
-def rules(func: Callable[..., Any]) -> dict[str, Domain | Choice | PathRule]:
+def rules(func: Callable[..., Any]) -> dict[str, Domain | Choice | Folder]:
     """Each argument of `func` with a declared domain or a Literal's choices, in order."""
     try:
         hints = typing.get_type_hints(func, include_extras=True)
@@ -283,7 +271,7 @@ def rules(func: Callable[..., Any]) -> dict[str, Domain | Choice | PathRule]:
     return {name: rule for name, rule in found.items() if rule is not None}
 
 
-def rule_of(annotation: Any) -> Domain | Choice | PathRule | None:
+def rule_of(annotation: Any) -> Domain | Choice | Folder | None:
     """The rule an annotation declares: a number's range, a path's, or a Literal's choices."""
     return domain_of(annotation) or path_rule_of(annotation) or choice_of(annotation)
 

@@ -15,15 +15,14 @@ import collections.abc as abc
 import difflib
 import inspect
 import math
-import types
 import typing
-from typing import Annotated, Any, Literal, Union, cast
+from typing import Annotated, Any, Literal, cast
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fasttrain.config import settings
-from fasttrain.config.domains import Choice, domain_of, path_rule_of
+from fasttrain.config.domains import Choice, domain_of, is_union, path_rule_of
 from fasttrain.config.errors import ConfigError, UserError
 
 _SPECIAL_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -39,7 +38,9 @@ def validate(node: Any, path: str = "", entry: str | None = None) -> None:
         check_settings(node, entry)
     if isinstance(node, DictConfig):
         if "_target_" in node:
-            _check_call(node, path)
+            params, hints = _signature(node._target_, path)
+            if params:  # none for a builtin without a signature: nothing to check against
+                _check_args(node, node._target_, params, hints, path)
             _check_optimizer(node, path)
             _check_scheduler(node, path)
         # data and trainer first: the values the others take from them (a net's
@@ -105,13 +106,6 @@ def parameters_of(obj: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any
             params = {n: p for n, p in params.items() if p.kind is not p.VAR_KEYWORD}
             return params, hints
     return params, hints
-
-
-def _check_call(node: DictConfig, path: str) -> None:
-    target = node._target_
-    params, hints = _signature(target, path)
-    if params:
-        _check_args(node, target, params, hints, path)
 
 
 def check_settings(cfg: DictConfig, entry_name: str) -> None:
@@ -236,15 +230,12 @@ def _check_optimizer(node: DictConfig, path: str) -> None:
 
     torch accepts lr=0 (a run that never learns); that is refused here too.
     """
-    if not node.get("_partial_", False):
-        return
     import torch
 
-    cls = get_object(node._target_)
-    if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
+    factory = _factory_of(node, torch.optim.Optimizer)
+    if factory is None:
         return
-    args = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))  # node is a DictConfig
-    kwargs = {k: v for k, v in args.items() if k not in _SPECIAL_KEYS}
+    cls, kwargs = factory
     lr = kwargs.get("lr")
     if isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr <= 0:
         raise UserError(f"{_join(path, 'lr')}={lr!r}: expected a learning rate > 0")
@@ -259,6 +250,17 @@ def _check_optimizer(node: DictConfig, path: str) -> None:
         raise UserError(f"{where}: {err} (from {node._target_})") from None
 
 
+def _factory_of(node: DictConfig, base: type) -> tuple[type, dict[str, Any]] | None:
+    """(class, its arguments) of a `_partial_` node whose target is a subclass of `base`."""
+    if not node.get("_partial_", False):
+        return None
+    cls = get_object(node._target_)
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
+        return None
+    args = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))  # node is a DictConfig
+    return cls, {k: v for k, v in args.items() if k not in _SPECIAL_KEYS}
+
+
 # What the task fills in when it builds a scheduler factory (models/optim_plan.py), for one
 # built here on a stand-in optimizer: a short run's length and the optimizer's lr as the peak.
 _SCHEDULER_STAND_INS: dict[str, Any] = {"T_max": 10, "total_steps": 10, "max_lr": 1.0}
@@ -269,16 +271,13 @@ def _check_scheduler(node: DictConfig, path: str) -> None:
     range checks (warmup_steps=-1, ...) then fail now, naming the override, and a schedule that
     sets a negative or non-finite lr (eta_min=-1: gradient ascent) is refused before a run that
     climbs its loss."""
-    if not node.get("_partial_", False):
-        return
     import torch
 
     sched = torch.optim.lr_scheduler
-    cls = get_object(node._target_)
-    if not (inspect.isclass(cls) and issubclass(cls, sched.LRScheduler)):
+    factory = _factory_of(node, sched.LRScheduler)
+    if factory is None:
         return
-    args = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
-    kwargs = {k: v for k, v in args.items() if k not in _SPECIAL_KEYS}
+    cls, kwargs = factory
     takes = inspect.signature(cls).parameters
     stand_ins = {k: v for k, v in _SCHEDULER_STAND_INS.items() if k in takes and k not in kwargs}
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0, momentum=0.9)
@@ -312,16 +311,12 @@ def _without_domain(annotation: Any) -> Any:
     return annotation.__origin__ if typing.get_origin(annotation) is Annotated else annotation
 
 
-def _is_union(annotation: Any) -> bool:
-    return typing.get_origin(annotation) in (Union, types.UnionType)
-
-
 def _matches(value: Any, ann: Any) -> bool:
     ann = _without_domain(ann)
     if ann in (inspect.Parameter.empty, Any) or isinstance(ann, (str, typing.TypeVar)):
         return True
     origin = typing.get_origin(ann)
-    if _is_union(ann):
+    if is_union(ann):
         return any(_matches(value, a) for a in typing.get_args(ann))
     if origin is Literal:  # precision=True is not precision=1 (Choice compares types too)
         return Choice(typing.get_args(ann)).admits(value)
@@ -356,7 +351,7 @@ def _describe(ann: Any) -> str:
 
     def collect(a: Any) -> None:
         a = _without_domain(a)
-        if _is_union(a):
+        if is_union(a):
             for arg in typing.get_args(a):
                 collect(arg)
         elif typing.get_origin(a) is Literal:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fasttrain.config import domains
-from fasttrain.config.domains import AtLeast, FolderName, Range
+from fasttrain.config.domains import AtLeast, Range
 from fasttrain.config.errors import ConfigError, UserError
 
 MatmulPrecision = Literal["highest", "high", "medium"]
@@ -137,7 +137,7 @@ Seed = Annotated[int, Range(0, SEED_MAX)]
 Temperature = Range(0, what="a finite number", note="0: the most likely token")
 
 
-RunName = Annotated[str, FolderName("logs/<task>/")]
+RunName = Annotated[str, domains.Folder(inside="logs/<task>/")]
 OutputDir = Annotated[str | None, domains.Folder()]
 
 

@@ -54,7 +54,11 @@ def train(cfg: Any, built: tuple[Any, Any, Any] | None = None) -> dict[str, floa
             from fasttrain.distributed.multirun import share_job_with_ranks
 
             share_job_with_ranks()  # DDP ranks of a sweep job run this job, not the sweep
-        fit.tune(trainer, model, datamodule, **(config.get("tuner") or {}))
+        tuner = config.get("tuner") or {}
+        if tuner.get("lr_find") or tuner.get("batch_size") is not None:
+            from fasttrain.tasks.tuner import tune
+
+            tune(trainer, model, datamodule, **tuner)
         fit.fit(trainer, model, datamodule, ckpt_path, cfg.get("oom_fallback", False))
     metrics = {
         k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1 and k != "step"

@@ -56,6 +56,32 @@ def test_train_false_may_test_the_untrained_model() -> None:
         settings.check_training_batches(train=True, trainer=no_batches)
 
 
+@pytest.mark.parametrize("max_time", ["00:00:00:00", " 0:0:0:0 ", "00:00:-01:00", {"minutes": 0},
+                                      {"hours": -1, "minutes": 30}])  # fmt: skip
+def test_a_max_time_of_no_time_is_refused(max_time: typing.Any) -> None:
+    # Lightning's Timer would stop after the first batch and the run test that model.
+    with pytest.raises(UserError, match=r"trainer.max_time=.*: training would stop after its "):
+        settings.check_training_batches(train=True, trainer={"max_time": max_time})
+    settings.check_training_batches(train=False, trainer={"max_time": max_time})
+
+
+@pytest.mark.parametrize("max_time", [None, "00:00:00:01", "00:12:00:00", {"seconds": 30},
+                                      "12:00", "abc", {"weeks": "x"}])  # fmt: skip
+def test_a_max_time_with_time_in_it_or_lightnings_to_refuse_passes(max_time: typing.Any) -> None:
+    # a malformed one ("12:00", "abc") is Lightning's to refuse, with the format it takes
+    settings.check_training_batches(train=True, trainer={"max_time": max_time})
+
+
+def test_a_zero_max_time_on_the_command_line_is_one_line(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    logs = tmp_path / "logs"
+    argv = ["model=mlp", "trainer.max_time=00:00:00:00", f"paths.log_dir={logs}"]
+    line = refused("train", argv, monkeypatch, capsys)
+    assert line.startswith("error: trainer.max_time=00:00:00:00: training would stop")
+    assert nothing_under(logs)
+
+
 @pytest.mark.parametrize("entry", ["predict", "export"])
 @pytest.mark.parametrize("under", [False, True], ids=["a file", "under a file"])
 def test_an_output_dir_that_is_a_file_is_refused(

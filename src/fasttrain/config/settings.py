@@ -55,6 +55,30 @@ def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:
                 f"model would be tested as this run's result; {valid}, or train=false to test "
                 "the model untrained"
             )
+    max_time = (trainer or {}).get("max_time")
+    seconds = _duration_seconds(max_time)
+    if seconds is not None and seconds <= 0:  # Lightning's Timer stops after the first batch
+        raise UserError(
+            f"trainer.max_time={max_time}: training would stop after its first batch and that "
+            "model would be tested as this run's result; set a duration > 0 (DD:HH:MM:SS, "
+            "e.g. 00:12:00:00), null for no time limit, or train=false"
+        )
+
+
+def _duration_seconds(value: Any) -> float | None:
+    """trainer.max_time in seconds, as Lightning's Timer reads it ("DD:HH:MM:SS" or a mapping
+    of timedelta's arguments); None where it is not one (Lightning then says what is)."""
+    import datetime
+
+    try:
+        if isinstance(value, str):
+            days, hours, minutes, secs = (int(part) for part in value.strip().split(":"))
+            return ((days * 24 + hours) * 60 + minutes) * 60.0 + secs
+        if isinstance(value, dict):
+            return datetime.timedelta(**value).total_seconds()
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None
 
 
 # The knobs whose 0 trains nothing (Lightning stops at once, then the run tests), and their use.

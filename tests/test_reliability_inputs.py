@@ -59,8 +59,8 @@ def test_train_false_may_test_the_untrained_model() -> None:
 @pytest.mark.parametrize("max_time", ["00:00:00:00", " 0:0:0:0 ", "00:00:-01:00", {"minutes": 0},
                                       {"hours": -1, "minutes": 30}])  # fmt: skip
 def test_a_max_time_of_no_time_is_refused(max_time: typing.Any) -> None:
-    # Lightning's Timer would stop after the first batch and the run test that model.
-    with pytest.raises(UserError, match=r"trainer.max_time=.*: training would stop after its "):
+    # Lightning's Timer would stop at its first check and the run test that model.
+    with pytest.raises(UserError, match=r"trainer.max_time=.*: training would stop at once"):
         settings.check_training_batches(train=True, trainer={"max_time": max_time})
     settings.check_training_batches(train=False, trainer={"max_time": max_time})
 

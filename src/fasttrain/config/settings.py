@@ -57,9 +57,9 @@ def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:
             )
     max_time = (trainer or {}).get("max_time")
     seconds = _duration_seconds(max_time)
-    if seconds is not None and seconds <= 0:  # Lightning's Timer stops after the first batch
+    if seconds is not None and seconds <= 0:  # Lightning's Timer stops at its first check
         raise UserError(
-            f"trainer.max_time={max_time}: training would stop after its first batch and that "
+            f"trainer.max_time={max_time}: training would stop at once and the barely trained "
             "model would be tested as this run's result; set a duration > 0 (DD:HH:MM:SS, "
             "e.g. 00:12:00:00), null for no time limit, or train=false"
         )

@@ -99,6 +99,28 @@ def test_an_output_dir_that_is_a_file_is_refused(
     assert nothing_under(logs)
 
 
+@pytest.mark.parametrize("entry", ["predict", "export"])
+def test_an_output_dir_that_cannot_be_made_is_refused(
+    entry: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # Before: a traceback from mkdir after the checkpoint had loaded and the run folder existed.
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    logs = tmp_path / "logs"
+    argv = ["ckpt_path=any.ckpt", "output_dir=/proc/fasttrain-out/x", f"paths.log_dir={logs}"]
+    line = refused(entry, argv, monkeypatch, capsys)
+    assert line == ("error: output_dir='/proc/fasttrain-out/x': cannot be made (No such file or "
+                    "directory); expected a folder (made if missing) or null")  # fmt: skip
+    assert nothing_under(logs)
+
+
+def test_a_folder_that_can_be_made_is_left_unmade_by_the_check(tmp_path: Path) -> None:
+    from fasttrain.config.domains import Folder
+
+    folder = tmp_path / "a" / "b" / "c"
+    assert Folder().admits(str(folder)) and not (tmp_path / "a").exists()
+
+
 def test_predict_output_dir_on_the_command_line(mlp_ckpt: Path, tmp_path: Path) -> None:
     # Before: the checkpoint loaded, then a traceback writing into the file, and the run's
     # folder left behind.

@@ -14,6 +14,7 @@ stay hand-written, with the component they constrain.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -153,9 +154,9 @@ class Folder:
             return "is too long" if any(len(p.encode()) > NAME_MAX for p in parts) else None
         folder = Path(value).expanduser()
         existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if existing is None or existing.is_dir():
-            return None
-        return "is a file" if existing == folder else f"lies under a file ({existing})"
+        if existing is not None and not existing.is_dir():
+            return "is a file" if existing == folder else f"lies under a file ({existing})"
+        return None if existing in (None, folder) else _cannot_make(folder, existing)
 
     def admits(self, value: Any) -> bool:
         return self.fault(value) is None
@@ -170,6 +171,24 @@ class Folder:
 
 
 NAME_MAX = 255  # bytes in one file name on common file systems
+
+
+def _cannot_make(folder: Path, existing: Path) -> str | None:
+    """Why `folder` cannot be made below the folder `existing` (/proc, a read-only mount, no
+    permission), found by making it: what was made is removed again, so nothing stays."""
+    try:
+        folder.mkdir(parents=True)
+        return None
+    except FileExistsError:  # made meanwhile (another run): it is a folder now, or a file
+        return None if folder.is_dir() else "is a file"
+    except OSError as err:
+        return f"cannot be made ({err.strerror})"
+    finally:
+        for made in (folder, *folder.parents):
+            if made == existing:
+                break
+            with contextlib.suppress(OSError):
+                made.rmdir()  # only an empty one: what this made
 
 
 def path_rule_of(annotation: Any) -> Folder | None:

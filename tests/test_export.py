@@ -307,7 +307,7 @@ def test_a_net_for_other_data_is_named(ckpt: Path, tmp_path: Path) -> None:
         (["ckpt_path=missing.ckpt"], "error: ckpt_path=missing.ckpt: no such file"),
         pytest.param(
             ["ckpt_path=CKPT", "format=tflite"],
-            "error: format='tflite': expected one of onnx, ",
+            "error: format='tflite': expected one of 'onnx', ",
             marks=pytest.mark.slow,
         ),
     ],

@@ -19,6 +19,7 @@ from fasttrain.config.errors import ConfigError, UserError
 MatmulPrecision = Literal["highest", "high", "medium"]
 BatchSizeMode = Literal["power", "binsearch"]
 Device = Literal["auto", "cpu", "cuda"]
+ExportFormat = Literal["onnx", "torchscript", "int8", "fp16", "all"]  # fasttrain.deploy.formats
 SEED_MAX = 2**32 - 1  # numpy's and Lightning's seed range
 # Scheduler arguments that give a schedule's length (CosineAnnealingLR, OneCycleLR): left out of
 # the scheduler config, the task (fasttrain.models.optim_plan) sets them to the run's length.
@@ -158,7 +159,6 @@ def check_precision_and_processes(
 
 
 Seed = Annotated[int, Range(0, SEED_MAX)]
-Temperature = Range(0, what="a finite number", note="0: the most likely token")
 
 
 RunName = Annotated[str, domains.Folder(inside="logs/<task>/")]
@@ -214,7 +214,7 @@ def export(
     run_name: RunName,
     seed: Seed,
     ckpt_path: str,
-    format: str = "all",
+    format: ExportFormat = "all",
     output_dir: OutputDir = None,
     device: Device = "auto",
     latency_time: Annotated[float, Range(0, low_open=True, what="seconds")] = 0.2,

@@ -10,13 +10,14 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from fasttrain.config.domains import check_arguments
 from fasttrain.config.errors import ConfigError, UserError
-from fasttrain.deploy.formats import EXPORTERS, Exporter, torch_runner
+from fasttrain.deploy.formats import EXPORTERS, Exporter, Format, torch_runner
 from fasttrain.deploy.verify import OutputChecks, Tolerance, print_report, verify, write_report
 
 REPORT_NAME = "export_report.json"
@@ -27,10 +28,10 @@ def missing_modules(exporters: Iterable[Exporter]) -> list[str]:
     return [m for e in exporters for m in e.requires() if importlib.util.find_spec(m) is None]
 
 
-def select(fmt: str) -> list[Exporter]:
+def select(format: Format | Literal["all"]) -> list[Exporter]:
     """`format=` -> exporters; one clear error for an unknown name or a missing extra."""
-    if fmt != "all" and fmt not in EXPORTERS:
-        raise UserError(f"format={fmt!r}: expected one of {', '.join([*EXPORTERS, 'all'])}")
+    check_arguments(select, locals())
+    fmt = format
     exporters = list(EXPORTERS.values()) if fmt == "all" else [EXPORTERS[fmt]]
     missing = missing_modules(exporters)
     if missing:
@@ -41,10 +42,10 @@ def select(fmt: str) -> list[Exporter]:
     return exporters
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(device: Literal["auto", "cpu", "cuda"]) -> torch.device:
     """`device=` auto | cpu | cuda -> torch.device; auto picks CUDA when there is one."""
-    if name not in ("auto", "cpu", "cuda"):
-        raise UserError(f"device={name!r}: expected one of 'auto', 'cpu', 'cuda'")
+    check_arguments(resolve_device, locals())
+    name = device
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("device=cuda: no CUDA device is visible; use device=cpu or device=auto")
     if name == "auto":

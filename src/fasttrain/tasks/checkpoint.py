@@ -42,8 +42,8 @@ def export(cfg: Any) -> dict[str, Any]:
     from fasttrain.models.protocols import Exportable, deploy_module, optional, require
 
     # Every argument is checked before the checkpoint is read, and that before a file is written.
-    exporters = select(str(cfg.format))
-    device = resolve_device(str(cfg.device))
+    exporters = select(cfg.format)
+    device = resolve_device(cfg.device)
     tolerance = build(cfg.tolerance, "tolerance")
     model, datamodule = restore(cfg)
     require(model, Exportable, "export", cfg.ckpt_path)
@@ -90,7 +90,7 @@ def predict(cfg: Any) -> Path:
     from fasttrain.deploy.predict import check_input_task, load_inputs, predict, write_predictions
     from fasttrain.models.protocols import Predictable, deploy_module, optional, require
 
-    device = resolve_device(str(cfg.device))
+    device = resolve_device(cfg.device)
     if cfg.get("prompt") is not None:
         return generate_text(cfg, device)
     if cfg.input:

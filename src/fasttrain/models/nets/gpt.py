@@ -22,7 +22,7 @@ position instead of the whole context.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 import torch
 from lightning.pytorch.core.mixins import HyperparametersMixin
@@ -99,7 +99,12 @@ class GPT(HyperparametersMixin, nn.Module):
         check_arguments(GPT.__init__, locals())
         if n_embd % n_head:
             raise ConfigError("n_embd", n_embd, f"expected a multiple of n_head={n_head}")
-        _check_recipe(pos, norm, mlp, softcap, n_embd // n_head)
+        if pos == "rope" and n_embd // n_head % 2:
+            raise ConfigError(
+                "pos", pos, "rotary embeddings turn pairs of a head's dimensions, but the head "
+                f"size n_embd / n_head = {n_embd // n_head} is odd; an even one (another n_head "
+                "or n_embd), or model.net.pos=learned"
+            )  # fmt: skip
         self.save_hyperparameters()
         self.block_size, self.n_layer = block_size, n_layer
         self.head_dim, self.softcap = n_embd // n_head, softcap
@@ -189,17 +194,3 @@ def _fsdp_checkpointed(block: nn.Module) -> bool:
     """Whether the strategy already wrapped `block` for activation checkpointing."""
     wrapped = type(block).__name__ == "CheckpointWrapper"
     return wrapped or hasattr(block, "_checkpoint_wrapped_module")
-
-
-def _check_recipe(pos: str, norm: str, mlp: str, softcap: float | None, head_dim: int) -> None:
-    for name, value, kind in (("pos", pos, Position), ("norm", norm, Norm), ("mlp", mlp, Mlp)):
-        if value not in get_args(kind):
-            raise ConfigError(
-                name, value, f"expected one of {', '.join(map(repr, get_args(kind)))}"
-            )
-    if pos == "rope" and head_dim % 2:
-        raise ConfigError(
-            "pos", pos, f"rotary embeddings turn pairs of a head's dimensions, but the head size "
-            f"n_embd / n_head = {head_dim} is odd; an even one (another n_head or n_embd), or "
-            "model.net.pos=learned"
-        )  # fmt: skip

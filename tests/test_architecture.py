@@ -216,7 +216,7 @@ def test_private_lightning_internals_still_exist() -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    assert hasattr(trainer.fit_loop, "_combined_loader")  # fit._reset_loaders
+    assert hasattr(trainer.fit_loop, "_combined_loader")  # fit.oom._reset_loaders
     assert hasattr(trainer.fit_loop.epoch_loop.val_loop, "_combined_loader")
     assert hasattr(ModelCheckpoint(), "_last_global_step_saved")  # checkpoints.resume
     epochs_only = ModelCheckpoint()  # assemble.skip_unused_step_hooks
@@ -261,6 +261,7 @@ runpy.run_path("train.py", run_name="__main__")
 # never in a run that does not name them (or, for the error path and --help, that works)
 BATTERIES = {
     "tasks.tuner",
+    "fit.oom",
     "models.language_model",
     "models.regressor",
     "models.schedules",

@@ -10,6 +10,7 @@ import torch
 from practices import build_run, compose_train
 
 from fasttrain import fit
+from fasttrain.fit.oom import OutOfMemoryFallbackError
 from fasttrain.models.nets import MLP
 
 
@@ -51,7 +52,7 @@ def test_halves_batch_doubles_accumulation_and_continues(tmp_path: Path, caplog)
 
 
 def test_gives_up_at_batch_size_1(tmp_path: Path) -> None:
-    with pytest.raises(fit.OutOfMemoryFallbackError, match="out of memory at batch size 1"):
+    with pytest.raises(OutOfMemoryFallbackError, match="out of memory at batch size 1"):
         run(tmp_path, limit=0)
 
 

@@ -177,10 +177,8 @@ def _cannot_make(folder: Path, existing: Path) -> str | None:
     """Why `folder` cannot be made below the folder `existing` (/proc, a read-only mount, no
     permission), found by making it: what was made is removed again, so nothing stays."""
     try:
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)  # made meanwhile by another run: fine
         return None
-    except FileExistsError:  # made meanwhile (another run): it is a folder now, or a file
-        return None if folder.is_dir() else "is a file"
     except OSError as err:
         return f"cannot be made ({err.strerror})"
     finally:

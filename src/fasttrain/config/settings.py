@@ -57,8 +57,7 @@ def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:
                 "the model untrained"
             )
     max_time = (trainer or {}).get("max_time")
-    seconds = _duration_seconds(max_time)
-    if seconds is not None and seconds <= 0:  # Lightning's Timer stops at its first check
+    if _duration_seconds(max_time) <= 0:  # Lightning's Timer stops at its first check
         raise UserError(
             f"trainer.max_time={max_time}: training would stop at once and the barely trained "
             "model would be tested as this run's result; set a duration > 0 (DD:HH:MM:SS, "
@@ -66,20 +65,18 @@ def check_training_batches(train: bool, trainer: dict[str, Any] | None) -> None:
         )
 
 
-def _duration_seconds(value: Any) -> float | None:
+def _duration_seconds(value: Any) -> float:
     """trainer.max_time in seconds, as Lightning's Timer reads it ("DD:HH:MM:SS" or a mapping
-    of timedelta's arguments); None where it is not one (Lightning then says what is)."""
+    of timedelta's arguments); inf where it is none (null; Lightning says what else is)."""
     import datetime
 
     try:
         if isinstance(value, str):
-            days, hours, minutes, secs = (int(part) for part in value.strip().split(":"))
-            return ((days * 24 + hours) * 60 + minutes) * 60.0 + secs
-        if isinstance(value, dict):
-            return datetime.timedelta(**value).total_seconds()
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return None
+            days, hours, minutes, secs = map(int, value.split(":"))
+            value = {"days": days, "hours": hours, "minutes": minutes, "seconds": secs}
+        return datetime.timedelta(**value).total_seconds()
+    except (TypeError, ValueError, OverflowError):  # null, or Lightning's to refuse
+        return float("inf")
 
 
 # The knobs whose 0 trains nothing (Lightning stops at once, then the run tests), and their use.

@@ -100,6 +100,7 @@ def _npz(path: Path) -> None:
     ("write", "message"),
     [
         (None, "no such file"),
+        (lambda p: p.mkdir(), r"is a folder; expected an \.npy file"),
         (lambda p: p.write_text("index,pred\n0,1\n"), r"not a readable \.npy array"),
         (lambda p: np.save(p, np.array([{"a": 1}], dtype=object)), r"not a readable \.npy array"),
         (lambda p: np.save(p, np.zeros((0, 1, 8, 8))), "holds no samples"),
@@ -114,6 +115,7 @@ def _npz(path: Path) -> None:
     ],
     ids=[
         "missing",
+        "a-folder",
         "not-npy",
         "pickled-objects",
         "empty",

@@ -38,7 +38,8 @@ def load_inputs(path: str | Path, input_shape: Sequence[int], key: str = "input"
     """An .npy of inputs [N, *input_shape] -> float32 tensor; one UserError per way it fails."""
     file = Path(path)
     if not file.is_file():
-        raise UserError(f"{key}={path}: no such file")
+        what = "is a folder; expected an .npy file" if file.is_dir() else "no such file"
+        raise UserError(f"{key}={path}: {what}")
     array = _read_npy(file, f"{key}={path}")
     expected = [*input_shape]
     if list(array.shape[1:]) != expected:

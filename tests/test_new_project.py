@@ -186,7 +186,7 @@ def updated(tmp_path_factory: pytest.TempPathFactory):
         (project / path).write_text(text)
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "a net, a data set and a task of our own")
-    fit = template / "src" / TEMPLATE / "fit.py"
+    fit = template / "src" / TEMPLATE / "fit" / "__init__.py"
     fixed = fit.read_text().replace("Everything around", "Everything (updated) around", 1)
     fit.write_text(fixed + f'\n\ndef update_probe() -> str:\n    return "{TEMPLATE}"\n')
     (template / "tests" / "test_update_probe.py").write_text(

@@ -31,12 +31,11 @@ def missing_modules(exporters: Iterable[Exporter]) -> list[str]:
 def select(format: Format | Literal["all"]) -> list[Exporter]:
     """`format=` -> exporters; one clear error for an unknown name or a missing extra."""
     check_arguments(select, locals())
-    fmt = format
-    exporters = list(EXPORTERS.values()) if fmt == "all" else [EXPORTERS[fmt]]
+    exporters = list(EXPORTERS.values()) if format == "all" else [EXPORTERS[format]]
     missing = missing_modules(exporters)
     if missing:
         raise UserError(
-            f"format={fmt}: needs {', '.join(missing)}; install the export extra: "
+            f"format={format}: needs {', '.join(missing)}; install the export extra: "
             "pip install -e '.[export]'"
         )
     return exporters
@@ -45,12 +44,11 @@ def select(format: Format | Literal["all"]) -> list[Exporter]:
 def resolve_device(device: Literal["auto", "cpu", "cuda"]) -> torch.device:
     """`device=` auto | cpu | cuda -> torch.device; auto picks CUDA when there is one."""
     check_arguments(resolve_device, locals())
-    name = device
-    if name == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         raise UserError("device=cuda: no CUDA device is visible; use device=cpu or device=auto")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 def failures(report: dict[str, Any]) -> list[str]:

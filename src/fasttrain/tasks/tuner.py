@@ -16,8 +16,6 @@ def tune(trainer: Any, model: Any, datamodule: Any, lr_find: bool = False,
     """Before fit: grow `datamodule.batch_size` until it no longer fits (mode `batch_size`), at
     most to the training split's size; then run the LR range test, whose suggestion becomes
     `model.lr` (used by configure_optimizers) only when `credible_lr` accepts it."""
-    if not lr_find and batch_size is None:
-        return
     from lightning.pytorch.tuner import Tuner
 
     tuner = Tuner(trainer)
